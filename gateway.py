@@ -1,0 +1,347 @@
+"""The gateway core: app factory, cleanup contexts, middlewares, the chat pipeline, the
+SSE relay and the CLI. Everything a user could want to swap is a plugin (plugins/).
+
+Pipeline of one chat call (each stage a hook, awaited in pluggy order):
+    parse (format) -> authenticate -> admit -> moderate -> route -> reserve
+    -> provider (JSON or stream relay) -> settle -> record usage
+Settlement always runs exactly once, in a tracked task, even if the client leaves.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+import config as config_mod
+from plugins import acall_all, acall_first, around, get_plugin_manager
+from plugins.appstate import (
+    BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE, spawn,
+)
+from plugins.context import CLIENT_GONE, FAILED, OK, CallContext
+from plugins.errors import GatewayError, bad_request
+from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.store import Store, collect_migrations
+from providers.types import ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input
+
+log = structlog.get_logger("gateway")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+# ---- app factory ---------------------------------------------------------------
+
+def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=None) -> web.Application:
+    pm = pm or get_plugin_manager(cfg.plugins, plugins_dir)
+    app = web.Application(middlewares=[request_context, errors_to_json], client_max_size=MAX_BODY_BYTES)
+    app[CONFIG], app[PM], app[BACKGROUND] = cfg, pm, set()
+
+    types: dict[str, type] = {}
+    pm.hook.gateway_register_providers(register=lambda cls: types.setdefault(cls.type_name, cls))
+    unknown = [f"{cfg.path}: providers.{p.name}.type: no provider type {p.type!r} "
+               f"(known: {', '.join(sorted(types))})" for p in cfg.providers.values() if p.type not in types]
+    if unknown:
+        raise config_mod.ConfigError(unknown)
+    app[PROVIDER_TYPES] = types
+
+    formats: dict[str, ClientFormat] = {}
+    pm.hook.gateway_register_formats(register=lambda fmt: formats.setdefault(fmt.name, fmt))
+    app[FORMATS] = formats
+    for fmt in formats.values():
+        app.router.add_post(fmt.path, _chat_handler(fmt))
+    pm.hook.gateway_register_routes(register=lambda method, path, handler: app.router.add_route(method, path, handler),
+                                    config=cfg)
+
+    app.cleanup_ctx.extend([_database, _http_session, _background_tasks])
+    app.on_response_prepare.append(_add_request_id)
+    return app
+
+
+async def _database(app: web.Application):
+    cfg = app[CONFIG]
+    store = await Store.open(cfg.storage_path, collect_migrations(app[PM]))
+    app[STORE] = store
+    yield
+    await store.close()
+
+
+async def _http_session(app: web.Application):
+    # One session for every upstream call; per-provider timeouts are set per request.
+    connector = aiohttp.TCPConnector(limit=1000, limit_per_host=500, ttl_dns_cache=300)
+    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                    json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=True)
+    app[HTTP] = session
+    app[PROVIDERS] = {p.name: app[PROVIDER_TYPES][p.type](p, session) for p in app[CONFIG].providers.values()}
+    yield
+    await session.close()
+
+
+async def _background_tasks(app: web.Application):
+    await acall_all(app[PM].hook.gateway_startup, app=app)
+    yield
+    # Cleanups run in reverse: settlement tasks drain before the session and database close.
+    if app[BACKGROUND]:
+        await asyncio.gather(*app[BACKGROUND], return_exceptions=True)
+
+
+# ---- middlewares ---------------------------------------------------------------
+
+@web.middleware
+async def request_context(request: web.Request, handler):
+    request_id = request.headers.get("X-Request-Id") or secrets.token_hex(8)
+    request[REQUEST_ID] = request_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path)
+    return await handler(request)
+
+
+@web.middleware
+async def errors_to_json(request: web.Request, handler):
+    """Outside the chat pipeline (which renders its own format's errors): every error is
+    OpenAI-shaped JSON, and nothing ever leaks a traceback."""
+    try:
+        return await handler(request)
+    except GatewayError as err:
+        return json_response(openai_error_body(err), err.status, err.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        message = {404: f"no route {request.method} {request.path}",
+                   405: f"{request.method} is not allowed on {request.path}",
+                   413: f"request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MB"}.get(exc.status, exc.reason)
+        return json_response(openai_error_body(GatewayError(exc.status, message, code=code)), exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled_error")
+        err = GatewayError(500, "internal error; the operator can find it in the logs by request id",
+                           type="api_error", code="internal_error")
+        return json_response(openai_error_body(err), 500)
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    if REQUEST_ID in request:
+        response.headers["X-Request-Id"] = request[REQUEST_ID]
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+# ---- the chat pipeline ---------------------------------------------------------
+
+def _chat_handler(fmt: ClientFormat):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await run_chat(request, fmt)
+    handler.__name__ = f"chat_{fmt.name}"
+    return handler
+
+
+async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamResponse:
+    app, pm = request.app, request.app[PM]
+    ctx = CallContext(request=request, endpoint=fmt.endpoint, call_id=secrets.token_hex(12))
+    ctx.state["format"] = fmt
+    try:
+        ctx.chat = fmt.parse(await read_json(request))
+        ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
+        async with around(pm, ctx):
+            ctx.principal = await acall_first(pm.hook.gateway_authenticate, ctx=ctx)
+            await acall_all(pm.hook.gateway_admit, ctx=ctx)
+            await acall_all(pm.hook.gateway_moderate, ctx=ctx)
+            ctx.route = await acall_first(pm.hook.gateway_select_route, ctx=ctx)
+            if ctx.route is None:
+                raise bad_request(f"model {ctx.chat.model!r} is not served here", param="model")
+            ctx.hold = await acall_first(pm.hook.gateway_reserve, ctx=ctx)
+            if ctx.hold is None:
+                raise GatewayError(402, "this call cannot be paid for: send an API key")
+            try:
+                if ctx.chat.stream:
+                    return await relay_stream(request, ctx, fmt)
+                answer = await ctx.route.provider.complete(ctx.chat, ctx.route.model)
+                ctx.usage, ctx.outcome, ctx.status = answer.usage, OK, 200
+                ctx.output_chars = len(answer.text()) + sum(len(c.arguments) for c in answer.tool_calls())
+                await finish(ctx)
+                return json_response(fmt.render(answer, ctx))
+            except GatewayError as err:
+                ctx.status, ctx.error = err.status, err.message
+                raise
+            finally:
+                await finish(ctx)
+    except GatewayError as err:
+        log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
+        return fmt.error_response(err)
+
+
+async def finish(ctx: CallContext) -> None:
+    """Settle and record once, in a tracked task that survives a cancelled handler."""
+    task = ctx.state.get("finish")
+    if task is None:
+        task = ctx.state["finish"] = spawn(ctx.request.app, _settle_and_record(ctx))
+    await asyncio.shield(task)
+
+
+async def _settle_and_record(ctx: CallContext) -> None:
+    pm = ctx.request.app[PM]
+    try:
+        await acall_all(pm.hook.gateway_settle, ctx=ctx)
+    finally:
+        await acall_all(pm.hook.gateway_record_usage, ctx=ctx)
+        log.info("call", endpoint=ctx.endpoint, model=ctx.route.model.id if ctx.route else None,
+                 outcome=ctx.outcome, status=ctx.status, usd_micro=ctx.charge_micro,
+                 ms=round((time.monotonic() - ctx.started) * 1000, 1))
+
+
+async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat) -> web.StreamResponse:
+    """Relay a provider stream chunk by chunk. Errors before the first event are plain
+    JSON errors with their status; after it, they become the format's in-band error."""
+    events = ctx.route.provider.stream(ctx.chat, ctx.route.model).__aiter__()
+    try:
+        first = await events.__anext__()        # upstream errors surface here, before any byte
+    except StopAsyncIteration:
+        raise GatewayError(502, f"{ctx.route.provider.name} sent an empty stream") from None
+    writer = fmt.stream_writer(ctx)
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    ctx.status = 200
+    ev = first
+    try:
+        while True:
+            if isinstance(ev, StreamEnd):
+                ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
+                ev.usage = ctx.usage
+                ctx.outcome = OK
+                await finish(ctx)               # the last chunk carries the billing
+            elif isinstance(ev, (TextDelta, ToolCallDelta)):
+                ctx.output_chars += len(ev.text if isinstance(ev, TextDelta) else ev.arguments)
+            elif isinstance(ev, ReasoningDelta):
+                ctx.output_chars += len(ev.text)
+            chunk = writer.event(ev)
+            if chunk:
+                await resp.write(chunk)
+            if isinstance(ev, StreamEnd):
+                break
+            ev = await events.__anext__()
+    except GatewayError as err:                 # upstream failed mid-stream: never charged
+        ctx.outcome, ctx.error = FAILED, err.message
+        await finish(ctx)
+        log.warning("stream_failed", error=err.message)
+        try:
+            await resp.write(writer.error(err))
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass
+    except StopAsyncIteration:
+        err = GatewayError(502, f"{ctx.route.provider.name} ended the stream early")
+        ctx.outcome, ctx.error = FAILED, err.message
+        await finish(ctx)
+        await resp.write(writer.error(err))
+    except (ConnectionResetError, asyncio.CancelledError):
+        if ctx.outcome != OK:
+            ctx.outcome = CLIENT_GONE           # charge what was produced, release the rest
+        log.info("client_disconnected", output_chars=ctx.output_chars)
+        raise
+    finally:
+        await events.aclose()
+    await resp.write_eof()
+    return resp
+
+
+# ---- logging -------------------------------------------------------------------
+
+def configure_logging(level: str = "info", json_logs: bool | None = None) -> None:
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o).decode()) \
+        if json_logs else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True)
+
+
+# ---- CLI -----------------------------------------------------------------------
+
+def _load_config(path: str | None) -> config_mod.Config:
+    try:
+        return config_mod.load(path)
+    except config_mod.ConfigError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_run(args) -> int:
+    cfg = _load_config(args.config)
+    configure_logging(args.log_level)
+    host = args.host or cfg.server.host
+    port = args.port if args.port is not None else cfg.server.port
+    try:
+        app = create_app(cfg, plugins_dir=args.plugins_dir)
+    except config_mod.ConfigError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        return 2
+    log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
+             providers=sorted(cfg.providers), chat_models=len(cfg.chat_models))
+    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
+                shutdown_timeout=30, access_log=None, handle_signals=True)
+    return 0
+
+
+def cmd_check(args) -> int:
+    cfg = _load_config(args.config)
+    try:
+        create_app(cfg, plugins_dir=args.plugins_dir)
+    except config_mod.ConfigError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        return 2
+    print(f"{cfg.path}: OK ({len(cfg.providers)} providers, {len(cfg.chat_models)} chat models)")
+    return 0
+
+
+def build_parser(pm) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="Self-hosted AI gateway.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="serve the gateway")
+    run.add_argument("--host")
+    run.add_argument("--port", type=int)
+    run.add_argument("--log-level", default="info")
+    run.set_defaults(func=cmd_run)
+    check = sub.add_parser("check", help="validate a config file without starting")
+    check.set_defaults(func=cmd_check)
+    for p in (run, check):
+        p.add_argument("--config", help="YAML config (default: the embedded demo)")
+        p.add_argument("--plugins-dir", help="load every *.py in this folder as a plugin")
+    pm.hook.gateway_register_commands(subparsers=sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugins-dir")
+    known, _ = pre.parse_known_args(argv)
+    pm = get_plugin_manager(plugins_dir=known.plugins_dir)
+    args = build_parser(pm).parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

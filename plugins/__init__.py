@@ -1,0 +1,155 @@
+"""The plugin system: pluggy for specs, discovery, ordering and validation; our own
+awaiting helpers because pluggy cannot await (STYLE.md section 4).
+
+Plugins load in this order: DEFAULT_PLUGINS (built-ins), the `gateway` entry-point group
+(skipped under tests; `GATEWAY_LOAD_PLUGINS=a,b` allow-lists names), module paths listed
+under `plugins:` in the YAML, then `*.py` files of `--plugins-dir`. pluggy calls later
+registrations first, so user plugins win over built-ins.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import pluggy
+
+from . import hookspecs
+
+hookimpl = pluggy.HookimplMarker("gateway")
+
+DEFAULT_PLUGINS = (
+    "providers",
+    "plugins.store",
+    "plugins.formats.chat_completions",
+    "plugins.auth",
+    "plugins.admission",
+    "plugins.routing",
+    "plugins.billing",
+    "plugins.keyless",
+    "plugins.usage",
+    "plugins.accounts",
+    "plugins.listings",
+)
+
+# Hooks called per request through acall_first / acall_all: never wrappers.
+PIPELINE_HOOKS = (
+    "gateway_startup",
+    "gateway_authenticate",
+    "gateway_admit",
+    "gateway_moderate",
+    "gateway_select_route",
+    "gateway_reserve",
+    "gateway_settle",
+    "gateway_record_usage",
+    "gateway_request_wrapper",
+    "gateway_account_info",
+)
+
+
+def get_plugin_manager(extra_modules: Iterable[str] = (), plugins_dir: str | None = None,
+                       *, load_entrypoints: bool | None = None) -> pluggy.PluginManager:
+    """A fresh plugin manager (one per app, never a module global)."""
+    pm = pluggy.PluginManager("gateway")
+    pm.add_hookspecs(hookspecs)
+    for name in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(name), name)
+    if load_entrypoints is None:
+        load_entrypoints = not getattr(sys, "_called_from_test", False)
+    if load_entrypoints:
+        _load_entrypoints(pm)
+    for name in extra_modules:
+        if pm.get_plugin(name) is None:
+            pm.register(importlib.import_module(name), name)
+    if plugins_dir:
+        for path in sorted(Path(plugins_dir).glob("*.py")):
+            pm.register(_module_from_path(path), f"plugins-dir:{path.name}")
+    if os.environ.get("GATEWAY_TRACE_PLUGINS"):
+        pm.add_hookcall_monitoring(_trace_before, _trace_after)
+    check_async_safe(pm)
+    return pm
+
+
+def _load_entrypoints(pm: pluggy.PluginManager) -> None:
+    allow = os.environ.get("GATEWAY_LOAD_PLUGINS")
+    if allow is None:
+        pm.load_setuptools_entrypoints("gateway")
+        return
+    for name in filter(None, (n.strip() for n in allow.split(","))):
+        pm.load_setuptools_entrypoints("gateway", name=name)
+
+
+def _module_from_path(path: Path):
+    spec = importlib.util.spec_from_file_location(f"gateway_plugin_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trace_before(hook_name, impls, kwargs):
+    print(f"hook {hook_name} -> {[i.plugin_name for i in impls]}", file=sys.stderr)
+
+
+def _trace_after(outcome, hook_name, impls, kwargs):
+    pass
+
+
+def check_async_safe(pm: pluggy.PluginManager) -> None:
+    """Refuse misspelled hooks and wrappers on hooks that may be async."""
+    pm.check_pending()
+    for name in PIPELINE_HOOKS:
+        for impl in getattr(pm.hook, name).get_hookimpls():
+            if impl.wrapper or impl.hookwrapper:
+                raise pluggy.PluginValidationError(
+                    impl.plugin, f"{impl.plugin_name}: wrappers cannot await; not allowed on {name}")
+
+
+def _impls(hook) -> list:
+    # pluggy's call order: tryfirst, then plain impls latest-registered first, then trylast.
+    return list(reversed(hook.get_hookimpls()))
+
+
+async def _call(impl, kw: dict[str, Any]):
+    res = impl.function(*[kw[a] for a in impl.argnames])
+    return await res if inspect.isawaitable(res) else res
+
+
+async def acall_first(hook, **kw):
+    """Await impls in pluggy order; return the first non-None result (real short-circuit)."""
+    for impl in _impls(hook):
+        res = await _call(impl, kw)
+        if res is not None:
+            return res
+    return None
+
+
+async def acall_all(hook, **kw) -> list:
+    """Await every impl in order (sequentially, so impls may build on each other's changes
+    to ctx); return the non-None results."""
+    results = []
+    for impl in _impls(hook):
+        res = await _call(impl, kw)
+        if res is not None:
+            results.append(res)
+    return results
+
+
+def has_impls(hook) -> bool:
+    return bool(hook.get_hookimpls())
+
+
+@contextlib.asynccontextmanager
+async def around(pm: pluggy.PluginManager, ctx):
+    """Enter every `gateway_request_wrapper` context manager; replaces `wrapper=True`."""
+    if not pm.hook.gateway_request_wrapper.get_hookimpls():
+        yield
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        for cm in await acall_all(pm.hook.gateway_request_wrapper, ctx=ctx):
+            await stack.enter_async_context(cm)
+        yield

@@ -1,0 +1,171 @@
+"""Accounts and keys: `GET /api/v1/account`, `GET /api/v1/account/usage`, and the CLI
+commands `gateway keys create` and `gateway credits grant`."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from decimal import Decimal, InvalidOperation
+
+import orjson
+
+import config as config_mod
+from config import usd
+
+from . import acall_all, hookimpl, ledger
+from .appstate import PM, STORE
+from .auth import authenticate_request, display_prefix, hash_key, new_key
+from .errors import GatewayError, bad_request
+from .formats.base import json_response
+from .store import Store, collect_migrations, now
+
+
+# ---- operations ------------------------------------------------------------------
+
+def _create(conn, name: str | None, credits: int) -> tuple[int, str]:
+    key = new_key()
+    account_id = conn.execute("INSERT INTO accounts (name, balance_micro, created_at) VALUES (?, 0, ?)",
+                              (name, now())).lastrowid
+    conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) VALUES (?,?,?,?,?)",
+                 (account_id, hash_key(key), display_prefix(key), name, now()))
+    if credits:
+        ledger._credit(conn, account_id, credits, "grant", "cli")
+    return account_id, key
+
+
+async def create_account(store: Store, name: str | None = None, credits_micro: int = 0) -> tuple[int, str]:
+    """A new account with one key (returned once, never stored) and optional credits."""
+    return await store.transaction(_create, name, credits_micro)
+
+
+async def account_for_key(store: Store, key: str) -> int | None:
+    """The account of a full key, or of a unique display prefix."""
+    row = await store.fetchone("SELECT account_id FROM api_keys WHERE hash = ?", (hash_key(key),))
+    if row is None and len(key) >= 8:
+        rows = await store.fetchall("SELECT DISTINCT account_id FROM api_keys WHERE prefix LIKE ?", (key + "%",))
+        row = rows[0] if len(rows) == 1 else None
+    return row[0] if row else None
+
+
+def parse_usd(text: str) -> int:
+    """'12.5' -> 12_500_000 micro-USD; refuses negatives and sub-micro precision."""
+    try:
+        amount = Decimal(text) * config_mod.MICRO
+    except InvalidOperation:
+        raise ValueError(f"not an amount of USD: {text!r}") from None
+    if amount < 0 or amount != amount.to_integral_value():
+        raise ValueError(f"amount must be >= 0 with at most 6 decimals: {text!r}")
+    return int(amount)
+
+
+# ---- HTTP ----------------------------------------------------------------------
+
+async def _principal(request):
+    principal = await authenticate_request(request)
+    if principal is None:
+        raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
+                           code="missing_api_key")
+    return principal
+
+
+async def get_account(request):
+    p = await _principal(request)
+    body = {"account_id": p.account_id,
+            "balance_usd": usd(await ledger.balance(request.app[STORE], p.account_id)),
+            "free_allowance_left_usd": 0.0,
+            "key": {"prefix": p.key_prefix, "agent": p.agent_id}}
+    for extra in await acall_all(request.app[PM].hook.gateway_account_info, app=request.app, principal=p):
+        body.update(extra)
+    return json_response(body)
+
+
+async def get_usage(request):
+    p = await _principal(request)
+    try:
+        limit = min(max(int(request.query.get("limit", "50")), 1), 500)
+    except ValueError:
+        raise bad_request("limit must be a whole number from 1 to 500", param="limit") from None
+    rows = await request.app[STORE].fetchall(
+        "SELECT call_id, endpoint, requested_model, model, input_tokens, output_tokens, usd_micro, status, "
+        "outcome, latency_ms, billing, created_at FROM usage WHERE account_id = ? ORDER BY id DESC LIMIT ?",
+        (p.account_id, limit))
+    return json_response({"object": "list", "data": [{
+        "call_id": r["call_id"], "endpoint": r["endpoint"], "requested_model": r["requested_model"],
+        "model": r["model"], "input_tokens_billed": r["input_tokens"], "output_tokens_billed": r["output_tokens"],
+        "usd": usd(r["usd_micro"]), "status": r["status"], "outcome": r["outcome"], "latency_ms": r["latency_ms"],
+        "billing": orjson.loads(r["billing"]) if r["billing"] else None, "created": r["created_at"]} for r in rows]})
+
+
+@hookimpl
+def gateway_register_routes(register, config):
+    register("GET", "/api/v1/account", get_account)
+    register("GET", "/api/v1/account/usage", get_usage)
+
+
+# ---- CLI -----------------------------------------------------------------------
+
+def _with_store(args, work):
+    from plugins import get_plugin_manager
+    try:
+        cfg = config_mod.load(args.config)
+    except config_mod.ConfigError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        return 2
+
+    async def go():
+        pm = get_plugin_manager(cfg.plugins, getattr(args, "plugins_dir", None))
+        store = await Store.open(cfg.storage_path, collect_migrations(pm))
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+    return asyncio.run(go())
+
+
+def cmd_keys_create(args) -> int:
+    try:
+        credits = parse_usd(args.credits)
+    except ValueError as err:
+        print(f"gateway: --credits: {err}", file=sys.stderr)
+        return 2
+
+    async def work(store):
+        account_id, key = await create_account(store, args.name, credits)
+        print(f"account {account_id} created with ${usd(credits):.2f} credits; the key is shown once:")
+        print(key)
+        return 0
+    return _with_store(args, work)
+
+
+def cmd_credits_grant(args) -> int:
+    try:
+        amount = parse_usd(args.usd)
+    except ValueError as err:
+        print(f"gateway: USD: {err}", file=sys.stderr)
+        return 2
+
+    async def work(store):
+        account_id = await account_for_key(store, args.key)
+        if account_id is None:
+            print("gateway: no account has that key (give the whole key or a unique prefix)", file=sys.stderr)
+            return 1
+        balance = await ledger.credit(store, account_id, amount, "grant", "cli")
+        print(f"account {account_id}: granted ${usd(amount):.6f}; balance ${usd(balance):.6f}")
+        return 0
+    return _with_store(args, work)
+
+
+@hookimpl
+def gateway_register_commands(subparsers):
+    keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
+    create = keys.add_parser("create", help="create an account and print its new key (last line)")
+    create.add_argument("--credits", default="0", help="starting credits in USD")
+    create.add_argument("--name", help="a label for the account")
+    create.set_defaults(func=cmd_keys_create)
+    credits = subparsers.add_parser("credits", help="manage credits").add_subparsers(dest="credits_command",
+                                                                                      required=True)
+    grant = credits.add_parser("grant", help="add credits to the account of KEY")
+    grant.add_argument("key", help="the full key, or a unique prefix of it")
+    grant.add_argument("usd", help="amount in USD, e.g. 10 or 0.25")
+    grant.set_defaults(func=cmd_credits_grant)
+    for p in (create, grant):
+        p.add_argument("--config", help="YAML config (default: the embedded demo)")

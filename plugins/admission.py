@@ -1,0 +1,30 @@
+"""Admission: refuse what the service will not take before any money or upstream work.
+
+- 401 on endpoints that need a key when none was sent;
+- 413 when the input is over the endpoint's character cap;
+- 400 for streaming or svc/smart without a key (SPEC section 5).
+"""
+from __future__ import annotations
+
+from . import hookimpl
+from .context import CallContext
+from .errors import GatewayError, bad_request
+
+SMART = "svc/smart"
+
+
+@hookimpl(tryfirst=True)
+def gateway_admit(ctx: CallContext):
+    fmt = ctx.state["format"]
+    if fmt.key_required and not ctx.has_key:
+        raise GatewayError(401, f"{fmt.path} needs an API key: send Authorization: Bearer chk_... "
+                                "or x-api-key: chk_...", code="missing_api_key")
+    if ctx.input_chars > fmt.max_input_chars:
+        raise GatewayError(413, f"input is {ctx.input_chars:,} characters; {fmt.path} takes at most "
+                                f"{fmt.max_input_chars:,}", code="input_too_large")
+    if not ctx.has_key:
+        if ctx.chat.stream:
+            raise bad_request("streaming needs an API key (stream: true without a key is refused)",
+                              param="stream", code="key_required_for_stream")
+        if ctx.chat.model == SMART:
+            raise bad_request("svc/smart needs an API key", param="model", code="key_required_for_smart")

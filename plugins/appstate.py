@@ -1,0 +1,30 @@
+"""Typed application state (aiohttp AppKeys) shared by the core and plugins, kept out of
+gateway.py so plugins never import the core (which may be running as __main__)."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+import config as config_mod
+
+from .store import Store
+
+CONFIG = web.AppKey("config", config_mod.Config)
+PM = web.AppKey("pm", object)
+STORE = web.AppKey("store", Store)
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+PROVIDERS = web.AppKey("providers", dict)
+PROVIDER_TYPES = web.AppKey("provider_types", dict)
+FORMATS = web.AppKey("formats", dict)
+BACKGROUND = web.AppKey("background", set)
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def spawn(app: web.Application, coro) -> asyncio.Task:
+    """A background task the app tracks and drains at shutdown."""
+    task = asyncio.get_running_loop().create_task(coro)
+    app[BACKGROUND].add(task)
+    task.add_done_callback(app[BACKGROUND].discard)
+    return task

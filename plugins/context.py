@@ -1,0 +1,84 @@
+"""The per-call context that travels through the pipeline, and the small value types
+the stages hand each other (who is calling, which model serves, what is held)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from providers.types import ChatRequest, Usage
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from config import ChatModel
+    from providers.base import Provider
+
+
+@dataclass(slots=True)
+class Principal:
+    """Who pays: an account reached through one API key."""
+    account_id: int
+    key_id: int
+    key_prefix: str
+    agent_id: int | None = None
+
+
+@dataclass(slots=True)
+class Route:
+    """The model that serves a call and how to price it."""
+    model: "ChatModel"               # the catalog entry that answers
+    provider: "Provider"
+    requested_model: str             # what the client sent (svc/free, an alias, ...)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)   # router facts for billing
+
+    @property
+    def is_alias(self) -> bool:
+        return self.requested_model != self.model.id
+
+
+@dataclass(slots=True)
+class Hold:
+    """Money set aside before the upstream call. `kind` says who settles it."""
+    kind: str                  # "credits" | "x402" | plugin-defined
+    amount_micro: int          # the reserve (the quote)
+    call_id: str
+    input_tokens: int          # the service's estimate of input
+    output_cap: int            # max output tokens covered
+    settled: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# How a call ended, for settlement.
+OK = "ok"                        # answered in full
+CLIENT_GONE = "client_gone"      # the client disconnected mid-stream: charge what was produced
+FAILED = "failed"                # 4xx / 422 / 502: never charged
+
+
+@dataclass(slots=True)
+class CallContext:
+    request: "web.Request"
+    endpoint: str                      # "chat.completions", "messages", ...
+    call_id: str
+    chat: ChatRequest | None = None
+    input_chars: int = 0               # what the input estimate is based on
+    principal: Principal | None = None
+    route: Route | None = None
+    hold: Hold | None = None
+    outcome: str = FAILED
+    status: int = 0
+    usage: Usage | None = None         # what the upstream reported (None if it never did)
+    output_chars: int = 0              # produced so far, for estimates when usage is missing
+    charge_micro: int = 0
+    billing: dict[str, Any] = field(default_factory=dict)   # the billing block
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    state: dict[str, Any] = field(default_factory=dict)      # free space for plugins
+
+    @property
+    def has_key(self) -> bool:
+        return self.principal is not None
+
+    def header(self, name: str) -> str | None:
+        return self.request.headers.get(name)

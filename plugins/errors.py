@@ -1,0 +1,49 @@
+"""The one error type of the pipeline.
+
+Any stage raises `GatewayError`; the client format that owns the request renders it in
+its own wire shape (OpenAI `{"error": {...}}` or Anthropic `{"type": "error", ...}`).
+Nothing else should ever reach a client as an error.
+"""
+from __future__ import annotations
+
+# OpenAI-style `error.type` per status, used when a raiser does not choose one.
+_DEFAULT_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "insufficient_credits",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "moderation_flagged",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class GatewayError(Exception):
+    """A failure with a status a client can act on.
+
+    `charged` is always False: 4xx, 422 and 502 are never billed (SPEC section 7).
+    """
+
+    def __init__(self, status: int, message: str, *, type: str | None = None,
+                 code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None, extra: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _DEFAULT_TYPES.get(status, "api_error")
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+        self.extra = extra or {}   # more fields for the error body (e.g. x402 requirements)
+
+    def __repr__(self) -> str:
+        return f"GatewayError({self.status}, {self.message!r}, code={self.code!r})"
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
+    return GatewayError(400, message, param=param, code=code)

@@ -1,0 +1,13 @@
+"""Built-in provider types. A third-party provider registers its class the same way
+through `gateway_register_providers` (see README, "Writing a provider plugin")."""
+from plugins import hookimpl
+
+from .anthropic import AnthropicProvider
+from .demo import DemoProvider
+from .openai import OpenAIProvider
+
+
+@hookimpl(trylast=True)
+def gateway_register_providers(register):
+    for cls in (OpenAIProvider, AnthropicProvider, DemoProvider):
+        register(cls)

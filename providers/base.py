@@ -1,0 +1,212 @@
+"""Provider base classes and the shared transport.
+
+A provider is a pure translator plus a little declarative API data:
+- `build_request(req, upstream)`  canonical -> upstream JSON body
+- `parse_response(body, req)`     upstream JSON -> ChatResponse
+- `parse_stream(events, req)`     upstream SSE events -> canonical stream events
+- `error_message(body)`           the human text inside the upstream's error body
+
+`HTTPProvider` owns everything else once: URL, headers, the shared ClientSession,
+timeouts, status mapping and SSE framing. A new upstream overrides only what differs.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
+
+import aiohttp
+import orjson
+
+from plugins.errors import GatewayError
+
+from .types import ChatRequest, ChatResponse, StreamEvent
+
+if TYPE_CHECKING:
+    from config import ChatModel, ProviderConfig
+
+
+class UpstreamError(GatewayError):
+    """The upstream failed or refused. Never charged."""
+
+    def __init__(self, status: int, message: str, *, code: str = "upstream_error",
+                 retry_after: str | None = None):
+        headers = {"Retry-After": retry_after} if retry_after else None
+        super().__init__(status, message, code=code, headers=headers)
+
+
+def map_upstream_status(provider: str, status: int, detail: str, retry_after: str | None) -> UpstreamError:
+    """What the client sees for an upstream HTTP error.
+
+    The client's request may be at fault (400/413/422: say so, with the upstream's words);
+    the operator's setup may be at fault (401/403/404: the provider refused *our*
+    credentials or model id, which is not the client's 401); or the upstream is down (502).
+    """
+    if status in (400, 413, 422):
+        return UpstreamError(400 if status == 422 else status,
+                             f"{provider} rejected the request: {detail}", code="upstream_rejected")
+    if status == 429:
+        return UpstreamError(429, f"{provider} is rate limiting the gateway; retry shortly ({detail})",
+                             code="upstream_rate_limited", retry_after=retry_after or "1")
+    if status in (401, 403):
+        return UpstreamError(502, f"{provider} refused the gateway's credentials ({detail}); "
+                                  f"the operator must fix the provider's api_key", code="upstream_auth")
+    return UpstreamError(502, f"{provider} failed with HTTP {status}: {detail}")
+
+
+class Provider:
+    """What the pipeline needs from any provider, HTTP or not."""
+
+    type_name: ClassVar[str] = ""
+    wire_format: ClassVar[str] = ""   # client format spoken natively, for pass-through
+
+    def __init__(self, config: "ProviderConfig", http: aiohttp.ClientSession | None):
+        self.name = config.name
+        self.config = config
+        self.settings = config.settings
+        self.http = http
+
+    def unavailable_reason(self) -> str | None:
+        """Why this provider cannot serve now (e.g. no API key), or None."""
+        return None
+
+    async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
+        raise NotImplementedError
+
+    def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+        raise NotImplementedError
+
+
+class HTTPProvider(Provider):
+    default_base_url: ClassVar[str] = ""
+    path: ClassVar[str] = "/chat/completions"
+
+    def __init__(self, config, http):
+        super().__init__(config, http)
+        self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
+        self.api_key = str(self.settings.get("api_key") or "")
+        read = float(self.settings.get("timeout_seconds", 600))
+        # No total limit: a stream may run for minutes; a silent upstream still times out.
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read)
+
+    # -- declarative bits a subclass overrides --------------------------------------
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def url(self, req: ChatRequest, upstream: str) -> str:
+        return self.base_url + self.path
+
+    def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parse_response(self, body: dict[str, Any], req: ChatRequest) -> ChatResponse:
+        raise NotImplementedError
+
+    def parse_stream(self, events: AsyncIterator[tuple[str, bytes]], req: ChatRequest) -> AsyncIterator[StreamEvent]:
+        raise NotImplementedError
+
+    def error_message(self, body: Any) -> str | None:
+        if isinstance(body, dict):
+            err = body.get("error")
+            if isinstance(err, dict) and err.get("message"):
+                return str(err["message"])
+            if isinstance(err, str):
+                return err
+        return None
+
+    # -- shared transport ------------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        if self.api_key:
+            return None
+        var = self.config.unset_env.get("api_key")
+        how = f"set the environment variable {var}" if var else f"set providers.{self.name}.api_key"
+        return f"provider {self.name!r} has no API key: the operator must {how} and restart"
+
+    async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
+        async with self._post(req, model) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise self._error(resp, raw)
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
+            return self.parse_response(body, req)
+
+    async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+        async with self._post(req, model) as resp:
+            if resp.status != 200:
+                raise self._error(resp, await resp.read())
+            async for event in self.parse_stream(sse_events(resp.content, self.name), req):
+                yield event
+
+    def _post(self, req: ChatRequest, model: "ChatModel"):
+        body = orjson.dumps(self.build_request(req, model.upstream))
+        headers = {"Content-Type": "application/json", **self.headers()}
+        return _Request(self, self.url(req, model.upstream), body, headers)
+
+    def _error(self, resp: aiohttp.ClientResponse, raw: bytes) -> UpstreamError:
+        try:
+            detail = self.error_message(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            detail = None
+        detail = detail or raw[:200].decode("utf-8", "replace").strip() or resp.reason or "no detail"
+        return map_upstream_status(self.name, resp.status, detail, resp.headers.get("Retry-After"))
+
+
+class _Request:
+    """`async with` a POST, turning transport failures into UpstreamError (502)."""
+
+    def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str]):
+        self.p, self.url, self.body, self.headers = provider, url, body, headers
+        self._cm = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        try:
+            self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
+            return await self._cm.__aenter__()
+        except asyncio.TimeoutError:
+            raise UpstreamError(502, f"{self.p.name} did not answer in time", code="upstream_timeout") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(502, f"could not reach {self.p.name}: {exc.__class__.__name__}") from None
+
+    async def __aexit__(self, *exc) -> None:
+        if self._cm is not None:
+            await self._cm.__aexit__(*exc)
+
+
+async def sse_events(content: aiohttp.StreamReader, provider: str) -> AsyncIterator[tuple[str, bytes]]:
+    """Server-sent events as (event name or "", data bytes), as soon as each arrives.
+
+    Handles LF and CRLF framing and multi-line data. A dropped connection or a read
+    timeout becomes an UpstreamError, never a silently shortened stream.
+    """
+    event, data = "", []
+    try:
+        async for raw in content:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    yield event, b"\n".join(data)
+                event, data = "", []
+                continue
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"event:"):
+                event = line[6:].strip().decode()
+            # comments (":") and other fields are ignored, as SSE requires
+    except asyncio.TimeoutError:
+        raise UpstreamError(502, f"{provider} stopped sending mid-stream", code="upstream_timeout") from None
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(502, f"{provider} connection broke mid-stream: {exc.__class__.__name__}") from None
+    if data:
+        yield event, b"\n".join(data)
+
+
+def loads_event(provider: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamError(502, f"{provider} sent a stream event that is not JSON") from None
+    if not isinstance(obj, dict):
+        raise UpstreamError(502, f"{provider} sent a stream event that is not an object")
+    return obj

@@ -1,0 +1,91 @@
+"""The offline demo provider: deterministic answers with no network and no key, so a new
+install works at once. It is a demo, not a model: it restates the last user message,
+calls a tool when the message names one (or when tool_choice demands it), and
+acknowledges tool results. Streams come word by word. Usage counts words as tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, AsyncIterator
+
+import orjson
+
+from .base import Provider
+from .types import (
+    END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, StreamEnd, StreamEvent, StreamStart, TextDelta,
+    TextPart, ToolCall, ToolCallDelta, ToolCallStart, ToolResult, Usage, estimate_tokens,
+)
+
+
+def _placeholder(schema: dict[str, Any]) -> Any:
+    return {"string": "demo", "integer": 1, "number": 1, "boolean": True,
+            "array": [], "object": {}}.get(schema.get("type", "string"), "demo")
+
+
+class DemoProvider(Provider):
+    type_name = "demo"
+
+    def __init__(self, config, http):
+        super().__init__(config, http)
+        self.delay = float(self.settings.get("stream_delay_seconds", 0))
+
+    def _answer(self, req: ChatRequest) -> tuple[list, str]:
+        last = req.messages[-1] if req.messages else None
+        results = [p for p in last.parts if isinstance(p, ToolResult)] if last else []
+        if results:
+            return [TextPart(f"Demo received the tool result: {results[-1].text()[:200]}")], END
+        said = last.text().strip() if last else ""
+        tool = self._tool_to_call(req, said)
+        if tool is not None:
+            props = (tool.parameters or {}).get("properties", {})
+            required = (tool.parameters or {}).get("required", list(props))
+            args = {name: _placeholder(props.get(name, {})) for name in required}
+            call_id = "call_demo_" + hashlib.sha256(said.encode()).hexdigest()[:12]
+            return [ToolCall(call_id, tool.name, orjson.dumps(args).decode())], TOOL_USE
+        words = (f"This is the offline demo model. You said: {said[:500]}. "
+                 f"Configure a real provider to get real answers.").split(" ")
+        if len(words) > req.max_tokens:
+            return [TextPart(" ".join(words[:req.max_tokens]))], MAX_TOKENS
+        return [TextPart(" ".join(words))], END
+
+    @staticmethod
+    def _tool_to_call(req: ChatRequest, said: str):
+        if not req.tools or (req.tool_choice and req.tool_choice.mode == "none"):
+            return None
+        if req.tool_choice and req.tool_choice.mode == "tool":
+            return next((t for t in req.tools if t.name == req.tool_choice.name), None)
+        named = next((t for t in req.tools if t.name in said), None)
+        if named or (req.tool_choice and req.tool_choice.mode == "required"):
+            return named or req.tools[0]
+        return None
+
+    @staticmethod
+    def _usage(req: ChatRequest, content: list) -> Usage:
+        chars = sum(len(m.text()) for m in req.messages)
+        produced = sum(len(p.text.split(" ")) if isinstance(p, TextPart) else estimate_tokens(len(p.arguments))
+                       for p in content)
+        return Usage(input_tokens=estimate_tokens(chars), output_tokens=produced)
+
+    async def complete(self, req: ChatRequest, model) -> ChatResponse:
+        content, stop = self._answer(req)
+        return ChatResponse(id="demo-" + hashlib.sha256(repr(content).encode()).hexdigest()[:16],
+                            model=model.upstream, content=content, stop_reason=stop,
+                            usage=self._usage(req, content))
+
+    async def stream(self, req: ChatRequest, model) -> AsyncIterator[StreamEvent]:
+        content, stop = self._answer(req)
+        yield StreamStart(id="demo-stream", model=model.upstream)
+        for part in content:
+            if isinstance(part, TextPart):
+                words = part.text.split(" ")
+                for i, word in enumerate(words):
+                    await asyncio.sleep(self.delay)
+                    yield TextDelta(word if i == 0 else " " + word)
+            else:
+                yield ToolCallStart(0, part.id, part.name)
+                half = len(part.arguments) // 2
+                for fragment in (part.arguments[:half], part.arguments[half:]):
+                    await asyncio.sleep(self.delay)
+                    yield ToolCallDelta(0, fragment)
+        yield StreamEnd(stop_reason=stop, usage=self._usage(req, content))

@@ -1,0 +1,207 @@
+"""OpenAI chat completions, and any host that speaks it (set `base_url`).
+
+Settings: base_url, api_key, timeout_seconds, and max_tokens_field (`max_tokens`, the
+default most compatible hosts want, or `max_completion_tokens`, which OpenAI's own
+reasoning models require).
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from .base import HTTPProvider, UpstreamError, loads_event
+from .types import (
+    CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
+    ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
+    ToolCallDelta, ToolCallStart, ToolResult, Usage,
+)
+
+FINISH_TO_STOP = {"stop": END, "length": MAX_TOKENS, "tool_calls": TOOL_USE, "function_call": TOOL_USE,
+                  "content_filter": CONTENT_FILTER}
+
+
+# ---- canonical -> chat-completions messages (also used by the format-A renderer) ----
+
+def image_part(p: ImagePart) -> dict:
+    image: dict[str, Any] = {"url": p.url}
+    if p.detail:
+        image["detail"] = p.detail
+    return {"type": "image_url", "image_url": image}
+
+
+def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        results = [p for p in m.parts if isinstance(p, ToolResult)]
+        for r in results:   # tool results travel as role "tool" messages, first
+            out.append({"role": "tool", "tool_call_id": r.call_id, "content": r.text()})
+        if m.role == "assistant":
+            calls = [p for p in m.parts if isinstance(p, ToolCall)]
+            msg: dict[str, Any] = {"role": "assistant", "content": m.text() or None}
+            if calls:
+                msg["tool_calls"] = [_tool_call(c) for c in calls]
+            if msg["content"] is not None or calls:
+                out.append(msg)
+            continue
+        parts = [p for p in m.parts if isinstance(p, (TextPart, ImagePart))]
+        if not parts and results:
+            continue
+        if all(isinstance(p, TextPart) for p in parts):
+            out.append({"role": m.role if m.role != "tool" else "user", "content": m.text()})
+        else:
+            out.append({"role": "user", "content": [
+                {"type": "text", "text": p.text} if isinstance(p, TextPart) else image_part(p) for p in parts]})
+    return out
+
+
+def _tool_call(c: ToolCall) -> dict[str, Any]:
+    if c.kind == "custom":
+        return {"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}}
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+def to_openai_tools(req: ChatRequest) -> dict[str, Any]:
+    if not req.tools:
+        return {}
+    tools = []
+    for t in req.tools:
+        if t.kind == "custom":
+            custom: dict[str, Any] = {"name": t.name}
+            if t.description:
+                custom["description"] = t.description
+            if t.format:
+                custom["format"] = t.format
+            tools.append({"type": "custom", "custom": custom})
+            continue
+        fn: dict[str, Any] = {"name": t.name, "parameters": t.parameters or {"type": "object", "properties": {}}}
+        if t.description:
+            fn["description"] = t.description
+        if t.strict is not None:
+            fn["strict"] = t.strict
+        tools.append({"type": "function", "function": fn})
+    out: dict[str, Any] = {"tools": tools}
+    tc = req.tool_choice
+    if tc is not None:
+        if tc.mode == "tool":
+            kind = next((t.kind for t in req.tools if t.name == tc.name), "function")
+            out["tool_choice"] = {"type": kind, kind: {"name": tc.name}}
+        else:
+            out["tool_choice"] = tc.mode
+        if tc.parallel is not None:
+            out["parallel_tool_calls"] = tc.parallel
+    return out
+
+
+def usage_from_openai(u: dict[str, Any] | None) -> Usage | None:
+    if not u:
+        return None
+    details = u.get("prompt_tokens_details") or {}
+    out_details = u.get("completion_tokens_details") or {}
+    return Usage(input_tokens=int(u.get("prompt_tokens") or 0),
+                 output_tokens=int(u.get("completion_tokens") or 0),
+                 cache_read_tokens=int(details.get("cached_tokens") or 0),
+                 cache_write_tokens=int(details.get("cache_write_tokens") or 0),
+                 reasoning_tokens=int(out_details.get("reasoning_tokens") or 0))
+
+
+class OpenAIProvider(HTTPProvider):
+    type_name = "openai"
+    wire_format = "chat_completions"
+    default_base_url = "https://api.openai.com/v1"
+    path = "/chat/completions"
+
+    def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": upstream, "messages": to_openai_messages(req.messages)}
+        body[self.settings.get("max_tokens_field", "max_tokens")] = req.max_tokens
+        body.update(to_openai_tools(req))
+        if req.stop:
+            body["stop"] = req.stop
+        if req.temperature is not None:
+            body["temperature"] = req.temperature
+        if req.top_p is not None:
+            body["top_p"] = req.top_p
+        if req.reasoning and req.reasoning.get("effort"):
+            body["reasoning_effort"] = req.reasoning["effort"]
+        if req.extra_format == self.wire_format:
+            body.update(req.extra)
+        if req.stream:
+            # Always ask for usage: the last chunk is how a stream gets billed.
+            body["stream"] = True
+            body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+        return body
+
+    def parse_response(self, body: dict[str, Any], req: ChatRequest) -> ChatResponse:
+        choices = body.get("choices") or []
+        if not choices:
+            raise UpstreamError(502, f"{self.name} answered without choices")
+        choice = choices[0]
+        msg = choice.get("message") or {}
+        content: list = []
+        if msg.get("reasoning_content"):
+            content.append(ReasoningPart(text=msg["reasoning_content"]))
+        if msg.get("content"):
+            content.append(TextPart(msg["content"]))
+        for call in msg.get("tool_calls") or []:
+            if call.get("type") == "custom":
+                c = call.get("custom") or {}
+                content.append(ToolCall(call.get("id", ""), c.get("name", ""), c.get("input", ""), "custom"))
+            else:
+                fn = call.get("function") or {}
+                content.append(ToolCall(call.get("id", ""), fn.get("name", ""), fn.get("arguments") or "{}"))
+        stop = FINISH_TO_STOP.get(choice.get("finish_reason") or "stop", END)
+        if msg.get("refusal") and not msg.get("content"):
+            content.append(TextPart(msg["refusal"]))
+            stop = CONTENT_FILTER
+        return ChatResponse(id=body.get("id", ""), model=body.get("model", ""), content=content,
+                            stop_reason=stop, usage=usage_from_openai(body.get("usage")),
+                            raw=body, raw_format=self.wire_format)
+
+    async def parse_stream(self, events, req: ChatRequest) -> AsyncIterator[StreamEvent]:
+        started = done = False
+        finish: str | None = None
+        usage: Usage | None = None
+        ordinal: dict[int, int] = {}      # upstream tool index -> our ordinal
+        ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
+        async for _, data in events:
+            if data.strip() == b"[DONE]":
+                done = True
+                break
+            chunk = loads_event(self.name, data)
+            if "error" in chunk:
+                err = chunk["error"]
+                raise UpstreamError(502, f"{self.name} failed mid-stream: "
+                                         f"{err.get('message') if isinstance(err, dict) else err}")
+            if not started:
+                started = True
+                yield StreamStart(id=chunk.get("id", ""), model=chunk.get("model", ""))
+            if chunk.get("usage"):
+                usage = usage_from_openai(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    yield ReasoningDelta(text=delta["reasoning_content"])
+                if delta.get("content"):
+                    yield TextDelta(delta["content"])
+                for tc in delta.get("tool_calls") or []:
+                    for ev in self._tool_delta(tc, ordinal, ids):
+                        yield ev
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        if not done and finish is None:
+            raise UpstreamError(502, f"{self.name} ended the stream before finishing")
+        yield StreamEnd(stop_reason=FINISH_TO_STOP.get(finish or "stop", END), usage=usage)
+
+    @staticmethod
+    def _tool_delta(tc: dict, ordinal: dict[int, int], ids: dict[int, str]):
+        index = int(tc.get("index", 0))
+        call_id = tc.get("id")
+        # Some hosts put every call on index 0; a new id there is a new call.
+        if index not in ordinal or (call_id and ids.get(index) and call_id != ids[index]):
+            ordinal[index] = len(ordinal) if index not in ordinal else max(ordinal.values()) + 1
+            ids[index] = call_id or f"call_{index}"
+            kind = "custom" if tc.get("type") == "custom" else "function"
+            name = (tc.get("custom") if kind == "custom" else tc.get("function") or {}) or {}
+            yield ToolCallStart(ordinal[index], ids[index], name.get("name", ""), kind)
+        fn = tc.get("custom") if tc.get("type") == "custom" else tc.get("function")
+        fragment = (fn or {}).get("input" if tc.get("type") == "custom" else "arguments")
+        if fragment:
+            yield ToolCallDelta(ordinal[index], fragment)
