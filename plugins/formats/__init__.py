@@ -1,0 +1,1 @@
+"""Client wire formats: each parses its body into canonical types and renders them back."""
