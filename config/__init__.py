@@ -297,8 +297,11 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
 
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        c.fail("plugins", "expected a list of module names")
+        c.fail("plugins", "expected a list of module names or .py files")
         plugins = []
+    # A .py entry is a file, relative to the config file that names it.
+    plugins = [str((Path(file).parent / p).resolve()) if p.endswith(".py") and not Path(p).is_absolute() else p
+               for p in plugins]
 
     if c.problems:
         raise ConfigError(c.problems)

@@ -2,8 +2,8 @@
 awaiting helpers because pluggy cannot await (STYLE.md section 4).
 
 Plugins load in this order: DEFAULT_PLUGINS (built-ins), the `gateway` entry-point group
-(skipped under tests; `GATEWAY_LOAD_PLUGINS=a,b` allow-lists names), module paths listed
-under `plugins:` in the YAML, then `*.py` files of `--plugins-dir`. pluggy calls later
+(skipped under tests; `GATEWAY_LOAD_PLUGINS=a,b` allow-lists names), modules or .py files
+listed under `plugins:` in the YAML, then `*.py` files of `--plugins-dir`. pluggy calls later
 registrations first, so user plugins win over built-ins.
 """
 from __future__ import annotations
@@ -65,7 +65,8 @@ def get_plugin_manager(extra_modules: Iterable[str] = (), plugins_dir: str | Non
         _load_entrypoints(pm)
     for name in extra_modules:
         if pm.get_plugin(name) is None:
-            pm.register(importlib.import_module(name), name)
+            module = _module_from_path(Path(name)) if name.endswith(".py") else importlib.import_module(name)
+            pm.register(module, name)
     if plugins_dir:
         for path in sorted(Path(plugins_dir).glob("*.py")):
             pm.register(_module_from_path(path), f"plugins-dir:{path.name}")
