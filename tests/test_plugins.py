@@ -266,3 +266,26 @@ def test_every_hook_is_exercised_by_a_test():
     for name, _ in inspect.getmembers(hookspecs, inspect.isfunction):
         if name.startswith("gateway_"):
             assert f"def {name}(" in text, f"no test implements {name}"
+
+
+def test_installed_plugins_load_from_the_entry_point_group(tmp_path, monkeypatch):
+    """A plugin shipped as a package declares `[gateway] name = module`; installing it is enough."""
+    (tmp_path / "acme_gateway_plugin.py").write_text(
+        "from plugins import hookimpl\n"
+        "from providers.openai import OpenAIProvider\n"
+        "class Acme(OpenAIProvider):\n    type_name = 'acme'\n"
+        "@hookimpl\ndef gateway_register_providers(register):\n    register(Acme)\n")
+    dist = tmp_path / "acme_gateway_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-gateway-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[gateway]\nacme = acme_gateway_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    types = []
+    pm = get_plugin_manager(load_entrypoints=True)
+    pm.hook.gateway_register_providers(register=lambda cls: types.append(cls.type_name))
+    assert "acme" in types
+    monkeypatch.setenv("GATEWAY_LOAD_PLUGINS", "something-else")     # an allow-list leaves it out
+    types.clear()
+    get_plugin_manager(load_entrypoints=True).hook.gateway_register_providers(
+        register=lambda cls: types.append(cls.type_name))
+    assert "acme" not in types and "openai" in types
