@@ -160,6 +160,7 @@ async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamRespons
     ctx.state["format"] = fmt
     try:
         ctx.chat = fmt.parse(await read_json(request))
+        ctx.chat.headers = {h: request.headers[h] for h in fmt.pass_headers if h in request.headers}
         ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
         async with around(pm, ctx):
             ctx.principal = await acall_first(pm.hook.gateway_authenticate, ctx=ctx)

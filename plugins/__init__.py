@@ -27,6 +27,7 @@ DEFAULT_PLUGINS = (
     "providers",
     "plugins.store",
     "plugins.formats.chat_completions",
+    "plugins.formats.messages",
     "plugins.auth",
     "plugins.admission",
     "plugins.routing",

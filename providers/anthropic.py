@@ -20,7 +20,7 @@ from plugins.errors import bad_request
 from .base import HTTPProvider, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, STOP_SEQUENCE, TOOL_USE, ChatRequest, ChatResponse, ImagePart,
-    Message, ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart,
+    Message, RawFrame, ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart,
     ToolCall, ToolCallDelta, ToolCallStart, ToolResult, Usage,
 )
 
@@ -140,6 +140,11 @@ class AnthropicProvider(HTTPProvider):
         return {"x-api-key": self.api_key, "anthropic-version": self.version}
 
     def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
+        if self.same_format(req):
+            body = {**req.raw, "model": upstream}
+            for name in SAMPLING_REFUSED.get(self.version, ()):
+                body.pop(name, None)
+            return body
         system, messages = to_anthropic_messages(req.messages)
         body: dict[str, Any] = {"model": upstream, "max_tokens": req.max_tokens, "messages": messages}
         if system:
@@ -207,6 +212,7 @@ class AnthropicProvider(HTTPProvider):
 
     async def parse_stream(self, events, req: ChatRequest) -> AsyncIterator[StreamEvent]:
         custom = {t.name for t in req.tools if t.kind == "custom"}
+        relay = self.same_format(req)          # also hand the client each frame verbatim
         tool_of_block: dict[int, int] = {}     # content block index -> tool-call ordinal
         wrapped: dict[int, list[str]] = {}     # custom-tool blocks: JSON buffered, unwrapped at stop
         raw_usage: dict[str, Any] = {}
@@ -214,6 +220,10 @@ class AnthropicProvider(HTTPProvider):
         async for name, data in events:
             ev = loads_event(self.name, data)
             kind = ev.get("type") or name
+            if relay and kind not in ("error", "message_stop"):
+                pending = RawFrame(b"event: " + (name or kind).encode() + b"\ndata: " + data + b"\n\n")
+            else:
+                pending = None
             if kind == "content_block_delta":
                 delta = ev.get("delta") or {}
                 dtype = delta.get("type")
@@ -263,10 +273,14 @@ class AnthropicProvider(HTTPProvider):
             elif kind == "message_stop":
                 yield StreamEnd(stop_reason=stop, usage=usage_from_anthropic(raw_usage),
                                 stop_sequence=stop_sequence)
+                if relay:
+                    yield RawFrame(b"event: message_stop\ndata: " + data + b"\n\n")
                 return
             elif kind == "error":
                 err = ev.get("error") or {}
                 raise UpstreamError(502, f"{self.name} failed mid-stream: "
                                          f"{err.get('type', 'error')}: {err.get('message', '')}".rstrip(": "))
-            # ping and unknown events are ignored, as the API asks
+            # ping and unknown events carry nothing canonical (the API may add more)
+            if pending is not None:
+                yield pending
         raise UpstreamError(502, f"{self.name} ended the stream before message_stop")

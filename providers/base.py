@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 import aiohttp
 import orjson
 
-from plugins.errors import GatewayError
+from plugins.errors import GatewayError, bad_request
 
-from .types import ChatRequest, ChatResponse, StreamEvent
+from .types import ChatRequest, ChatResponse, OtherPart, StreamEvent
 
 if TYPE_CHECKING:
     from config import ChatModel, ProviderConfig
@@ -68,6 +68,22 @@ class Provider:
     def unavailable_reason(self) -> str | None:
         """Why this provider cannot serve now (e.g. no API key), or None."""
         return None
+
+    def same_format(self, req: ChatRequest) -> bool:
+        """True when the client spoke this upstream's own wire format: pass it through."""
+        return req.raw is not None and req.extra_format == self.wire_format != ""
+
+    def refuse_foreign_parts(self, req: ChatRequest) -> None:
+        """A block only another wire format understands is a 400, never silently dropped."""
+        if self.same_format(req):
+            return
+        for i, m in enumerate(req.messages):
+            for p in m.parts:
+                if isinstance(p, OtherPart) and p.format != self.wire_format:
+                    kind = p.data.get("type", "this kind of")
+                    raise bad_request(f"messages[{i}]: {kind} blocks are not supported by this model's "
+                                      f"provider ({self.type_name}); send them to an Anthropic model",
+                                      param=f"messages[{i}].content")
 
     async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
         raise NotImplementedError
@@ -140,8 +156,11 @@ class HTTPProvider(Provider):
                 yield event
 
     def _post(self, req: ChatRequest, model: "ChatModel"):
+        self.refuse_foreign_parts(req)
         body = orjson.dumps(self.build_request(req, model.upstream))
         headers = {"Content-Type": "application/json", **self.headers()}
+        if self.same_format(req):
+            headers.update(req.headers)
         return _Request(self, self.url(req, model.upstream), body, headers)
 
     def _error(self, resp: aiohttp.ClientResponse, raw: bytes) -> UpstreamError:

@@ -68,12 +68,14 @@ class DemoProvider(Provider):
         return Usage(input_tokens=estimate_tokens(chars), output_tokens=produced)
 
     async def complete(self, req: ChatRequest, model) -> ChatResponse:
+        self.refuse_foreign_parts(req)
         content, stop = self._answer(req)
         return ChatResponse(id="demo-" + hashlib.sha256(repr(content).encode()).hexdigest()[:16],
                             model=model.upstream, content=content, stop_reason=stop,
                             usage=self._usage(req, content))
 
     async def stream(self, req: ChatRequest, model) -> AsyncIterator[StreamEvent]:
+        self.refuse_foreign_parts(req)
         content, stop = self._answer(req)
         yield StreamStart(id="demo-stream", model=model.upstream)
         for part in content:

@@ -110,8 +110,15 @@ class OpenAIProvider(HTTPProvider):
     path = "/chat/completions"
 
     def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
+        field = self.settings.get("max_tokens_field", "max_tokens")
+        if self.same_format(req):
+            body = {k: v for k, v in req.raw.items() if k not in ("max_tokens", "max_completion_tokens")}
+            body.update({"model": upstream, field: req.max_tokens})   # the cap the hold covers
+            if req.stream:
+                body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            return body
         body: dict[str, Any] = {"model": upstream, "messages": to_openai_messages(req.messages)}
-        body[self.settings.get("max_tokens_field", "max_tokens")] = req.max_tokens
+        body[field] = req.max_tokens
         body.update(to_openai_tools(req))
         if req.stop:
             body["stop"] = req.stop

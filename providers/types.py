@@ -75,7 +75,15 @@ class ReasoningPart:
     redacted: str | None = None
 
 
-Part = Union[TextPart, ImagePart, ToolCall, ToolResult, ReasoningPart]
+@dataclass(slots=True)
+class OtherPart:
+    """A block only one wire format understands (an Anthropic `document`, say). It travels
+    untouched to an upstream of that format; any other provider refuses it with a 400."""
+    format: str
+    data: dict[str, Any]
+
+
+Part = Union[TextPart, ImagePart, ToolCall, ToolResult, ReasoningPart, OtherPart]
 
 
 @dataclass(slots=True)
@@ -120,6 +128,10 @@ class ChatRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     extra_format: str = ""
     reasoning: dict[str, Any] | None = None   # e.g. {"budget_tokens": 2048} or {"effort": "low"}
+    # The client's own body and headers, for an upstream that speaks the same wire format:
+    # it gets the request as sent (cache_control, documents, betas...), not a re-translation.
+    raw: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -198,7 +210,14 @@ class StreamEnd:
     stop_sequence: str | None = None
 
 
-StreamEvent = Union[StreamStart, TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd]
+@dataclass(slots=True)
+class RawFrame:
+    """One upstream SSE frame, verbatim, for a client speaking the upstream's own format.
+    Providers yield it after the canonical events derived from the same frame."""
+    data: bytes
+
+
+StreamEvent = Union[StreamStart, TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd, RawFrame]
 
 
 def estimate_tokens(chars: int) -> int:
@@ -232,6 +251,8 @@ def measure_input(req: ChatRequest) -> tuple[int, int]:
                             images += 1
             elif isinstance(p, ReasoningPart):
                 chars += len(p.text)
+            elif isinstance(p, OtherPart):
+                chars += len(str(p.data))
     for t in req.tools:
         chars += len(t.name) + len(t.description or "") + len(str(t.parameters or t.format or ""))
     return chars, images

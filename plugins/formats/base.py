@@ -117,9 +117,14 @@ class ClientFormat:
     endpoint: ClassVar[str]             # short name recorded with usage
     key_required: ClassVar[bool] = False
     max_input_chars: ClassVar[int] = 200_000
+    pass_headers: ClassVar[tuple[str, ...]] = ()   # client headers a same-format upstream gets
 
     def parse(self, body: Any) -> ChatRequest:
         raise NotImplementedError
+
+    def resolve_model(self, model_id: str, cfg) -> str:
+        """Map the id a client of this format sent to a catalog id (aliases, dated ids)."""
+        return model_id
 
     def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
         raise NotImplementedError
