@@ -28,6 +28,7 @@ DEFAULT_PLUGINS = (
     "plugins.store",
     "plugins.formats.chat_completions",
     "plugins.formats.messages",
+    "plugins.formats.responses",
     "plugins.auth",
     "plugins.admission",
     "plugins.routing",

@@ -4,10 +4,13 @@ from plugins import hookimpl
 
 from .anthropic import AnthropicProvider
 from .demo import DemoProvider
+from .gemini import GeminiProvider
 from .openai import OpenAIProvider
+from .openai_responses import OpenAIResponsesProvider
 
 
 @hookimpl(trylast=True)
 def gateway_register_providers(register):
-    for cls in (OpenAIProvider, AnthropicProvider, DemoProvider):
+    for cls in (OpenAIProvider, OpenAIResponsesProvider, AnthropicProvider, GeminiProvider,
+                DemoProvider):
         register(cls)

@@ -1,0 +1,364 @@
+"""Format C: OpenAI responses, `POST /api/v1/responses` (`client.responses.create`).
+
+Stateless: nothing is stored, so `previous_response_id` and `conversation` are refused
+and each turn sends the whole conversation in `input`. Reasoning and hosted-tool input
+items are skipped; hosted tools (web search, ...) are ignored. Streams are real: each
+upstream delta becomes its event as it arrives, with `sequence_number` from 0.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from plugins import hookimpl
+from plugins.context import CallContext
+from plugins.errors import GatewayError, bad_request
+from providers.openai_responses import usage_body
+from providers.types import (
+    CONTENT_FILTER, MAX_TOKENS, ChatRequest, ChatResponse, ImagePart, Message, ReasoningDelta, ReasoningPart,
+    StreamEnd, StreamStart, TextDelta, TextPart, Tool, ToolCall, ToolCallDelta, ToolCallStart, ToolChoice,
+    ToolResult,
+)
+
+from .base import ClientFormat, Fields, StreamWriter, openai_error_body
+
+MAX_OUTPUT_CAP = 32768
+KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+         "temperature", "top_p", "stream", "store", "reasoning", "previous_response_id", "conversation"}
+SKIPPED_ITEMS = {"reasoning", "web_search_call", "file_search_call", "computer_call", "computer_call_output",
+                 "code_interpreter_call", "image_generation_call", "local_shell_call", "local_shell_call_output",
+                 "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "item_reference"}
+
+
+def _content(raw: Any, path: str, role: str) -> list:
+    if isinstance(raw, str):
+        return [TextPart(raw)]
+    if not isinstance(raw, list):
+        raise bad_request(f"{path}: must be a string or an array of content parts", param=path)
+    parts = []
+    for j, part in enumerate(raw):
+        p = Fields(part, f"{path}[{j}]")
+        kind = p.string("type", required=True)
+        if kind in ("input_text", "output_text"):
+            parts.append(TextPart(p.string("text", default="")))
+        elif kind == "refusal":
+            parts.append(TextPart(p.string("refusal", default="")))
+        elif kind == "input_image" and role != "assistant":
+            url = p.get("image_url")
+            if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:")):
+                raise p.fail("image_url", "must be an https URL or a data: URL (file ids are not supported)")
+            parts.append(ImagePart(url, p.get("detail")))
+        else:
+            raise p.fail("type", f"content part {kind!r} is not supported here")
+    return parts
+
+
+def parse_input(f: Fields) -> list[Message]:
+    out: list[Message] = []
+    instructions = f.string("instructions")
+    if instructions:
+        out.append(Message("system", [TextPart(instructions)]))
+    raw = f.get("input")
+    if isinstance(raw, str):
+        return out + [Message("user", [TextPart(raw)])]
+    if not isinstance(raw, list) or not raw:
+        raise f.fail("input", "is required: a string or a non-empty array of items")
+    for i, item in enumerate(raw):
+        it = Fields(item, f"input[{i}]")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = it.string("role", required=True)
+            if role not in ("user", "assistant", "system", "developer"):
+                raise it.fail("role", f"must be user, assistant, system or developer, got {role!r}")
+            role = "system" if role == "developer" else role
+            _append(out, role, _content(item.get("content"), f"input[{i}].content", role))
+        elif kind in ("function_call", "custom_tool_call"):
+            custom = kind == "custom_tool_call"
+            value = it.get("input" if custom else "arguments", "")
+            if not isinstance(value, str):
+                raise it.fail("input" if custom else "arguments", "must be a string")
+            call = ToolCall(it.string("call_id", required=True), it.string("name", required=True), value,
+                            "custom" if custom else "function")
+            _append(out, "assistant", [call])
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output", "")
+            if isinstance(output, list):
+                output = _content(output, f"input[{i}].output", "user")
+            elif not isinstance(output, str):
+                raise it.fail("output", "must be a string or an array of content parts")
+            _append(out, "tool", [ToolResult(it.string("call_id", required=True), output)])
+        elif kind not in SKIPPED_ITEMS:
+            raise it.fail("type", f"input item type {kind!r} is not supported")
+    return out
+
+
+def _append(out: list[Message], role: str, parts: list) -> None:
+    """Consecutive items of one role form one turn (function calls join their message)."""
+    if out and out[-1].role == role and role in ("assistant", "tool"):
+        out[-1].parts.extend(parts)
+    else:
+        out.append(Message(role, parts))
+
+
+def parse_tools(f: Fields) -> list[Tool]:
+    tools = []
+    for i, raw in enumerate(f.array("tools")):
+        t = Fields(raw, f"tools[{i}]")
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind == "function":
+            params = raw.get("parameters")
+            if params is not None and not isinstance(params, dict):
+                raise t.fail("parameters", "must be a JSON schema object")
+            strict = raw.get("strict")
+            tools.append(Tool(t.string("name", required=True), t.string("description"), params,
+                              strict=strict if isinstance(strict, bool) else None))
+        elif kind == "custom":
+            tools.append(Tool(t.string("name", required=True), t.string("description"), kind="custom",
+                              format=raw.get("format")))
+        # hosted tools (web_search, file_search, ...) are ignored: no upstream-neutral meaning
+    return tools
+
+
+def parse_tool_choice(f: Fields, tools: list[Tool]) -> ToolChoice | None:
+    raw = f.get("tool_choice")
+    parallel = f.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise f.fail("parallel_tool_calls", "must be true or false")
+    if raw is None or (isinstance(raw, dict) and raw.get("type") == "allowed_tools"):
+        return ToolChoice(parallel=parallel) if parallel is not None else None
+    if raw in ("auto", "none", "required"):
+        return ToolChoice(raw, parallel=parallel)
+    if isinstance(raw, dict) and raw.get("type") in ("function", "custom"):
+        if raw.get("name") not in {t.name for t in tools}:
+            raise f.fail("tool_choice", f"names tool {raw.get('name')!r}, which is not in tools")
+        return ToolChoice("tool", raw["name"], parallel)
+    raise f.fail("tool_choice", "must be auto, none, required or {type: function, name}")
+
+
+class ResponsesFormat(ClientFormat):
+    name = "responses"
+    path = "/api/v1/responses"
+    endpoint = "responses"
+    key_required = True
+    max_input_chars = 800_000
+
+    def parse(self, body: Any) -> ChatRequest:
+        f = Fields(body)
+        for name in ("previous_response_id", "conversation"):
+            if body.get(name) is not None:
+                raise f.fail(name, "this gateway stores no responses or conversations; send the whole "
+                                   "conversation in input on every turn")
+        tools = parse_tools(f)
+        effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+        return ChatRequest(
+            model=f.string("model", required=True), messages=parse_input(f),
+            max_tokens=f.integer("max_output_tokens", default=MAX_OUTPUT_CAP, minimum=1, maximum=MAX_OUTPUT_CAP),
+            stream=f.boolean("stream"), tools=tools, tool_choice=parse_tool_choice(f, tools),
+            temperature=f.number("temperature"), top_p=f.number("top_p"),
+            reasoning={"effort": effort} if effort else None,
+            extra={k: v for k, v in body.items() if k not in KNOWN}, extra_format=self.name, raw=body)
+
+    def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
+        if resp.raw_format == self.name and resp.raw:
+            return {**resp.raw, "model": ctx.route.model.id}
+        output = [item for _, item in output_items(resp.content, ctx.call_id)]
+        return response_object(ctx, output, resp.stop_reason, usage_body(resp.usage))
+
+    def stream_writer(self, ctx: CallContext) -> "ResponseEventWriter":
+        return ResponseEventWriter(ctx)
+
+    def error_body(self, err: GatewayError) -> dict[str, Any]:
+        return openai_error_body(err)
+
+
+def output_items(parts: list, call_id: str):
+    """Canonical parts -> (kind, item) in order; consecutive text joins one message item."""
+    items: list[tuple[str, dict[str, Any]]] = []
+    for n, p in enumerate(parts):
+        if isinstance(p, TextPart):
+            if items and items[-1][0] == "message":
+                items[-1][1]["content"][0]["text"] += p.text
+            elif p.text:
+                items.append(("message", message_item(f"msg_{call_id}_{n}", p.text, "completed")))
+        elif isinstance(p, ToolCall):
+            items.append(("tool", tool_item(f"fc_{call_id}_{n}", p.id, p.name, p.kind, p.arguments, "completed")))
+        elif isinstance(p, ReasoningPart) and (p.text or p.signature):
+            items.append(("reasoning", reasoning_item(f"rs_{call_id}_{n}", p.text, p.signature)))
+    return items
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def tool_item(item_id: str, call_id: str, name: str, kind: str, args: str, status: str) -> dict[str, Any]:
+    if kind == "custom":
+        return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": args,
+                "status": status}
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": args,
+            "status": status}
+
+
+def reasoning_item(item_id: str, text: str, signature: str | None) -> dict[str, Any]:
+    item: dict[str, Any] = {"id": item_id, "type": "reasoning",
+                            "summary": [{"type": "summary_text", "text": text}] if text else []}
+    if signature:
+        item["encrypted_content"] = signature
+    return item
+
+
+def response_object(ctx: CallContext, output: list, stop: str | None, usage: dict | None,
+                    error: dict | None = None) -> dict[str, Any]:
+    req = ctx.chat
+    status, incomplete = "completed", None
+    if error is not None:
+        status = "failed"
+    elif stop is None:
+        status = "in_progress"
+    elif stop in (MAX_TOKENS, CONTENT_FILTER):
+        status = "incomplete"
+        incomplete = {"reason": "max_output_tokens" if stop == MAX_TOKENS else "content_filter"}
+    tc = req.tool_choice
+    return {"id": f"resp_{ctx.call_id}", "object": "response",
+            "created_at": ctx.state.setdefault("created_at", int(time.time())), "status": status,
+            "error": error, "incomplete_details": incomplete, "instructions": None,
+            "max_output_tokens": req.max_tokens, "model": ctx.route.model.id, "output": output,
+            "parallel_tool_calls": tc.parallel is not False if tc else True, "previous_response_id": None,
+            "store": False, "temperature": req.temperature, "top_p": req.top_p,
+            "tool_choice": (tc.mode if tc.mode != "tool" else {"type": "function", "name": tc.name}) if tc else "auto",
+            "tools": [], "text": {"format": {"type": "text"}}, "usage": usage, "metadata": {}}
+
+
+class ResponseEventWriter(StreamWriter):
+    """Canonical events -> responses events. Text and reasoning items close when another
+    item starts; tool-call items stay open until the end (their deltas may interleave)."""
+
+    def __init__(self, ctx: CallContext):
+        self.ctx = ctx
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []    # every output item, by output_index
+        self.open_text: int | None = None
+        self.open_reasoning: int | None = None
+        self.tools: dict[int, int] = {}          # tool ordinal -> output_index
+
+    def _ev(self, kind: str, **fields) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def _add(self, item: dict[str, Any]) -> tuple[int, bytes]:
+        self.items.append(item)
+        index = len(self.items) - 1
+        return index, self._ev("response.output_item.added", output_index=index, item=item)
+
+    def event(self, ev) -> bytes:
+        if isinstance(ev, TextDelta):
+            out = b""
+            if self.open_text is None:
+                out = self._close_reasoning()
+                self.open_text, added = self._add(message_item(f"msg_{self.ctx.call_id}_{len(self.items)}", "",
+                                                               "in_progress"))
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                out += added + self._ev("response.content_part.added", item_id=self.items[self.open_text]["id"],
+                                        output_index=self.open_text, content_index=0, part=part)
+            item = self.items[self.open_text]
+            item["content"][0]["text"] += ev.text
+            return out + self._ev("response.output_text.delta", item_id=item["id"], output_index=self.open_text,
+                                  content_index=0, delta=ev.text, logprobs=[])
+        if isinstance(ev, ToolCallDelta):
+            index = self.tools[ev.index]
+            item = self.items[index]
+            custom = item["type"] == "custom_tool_call"
+            item["input" if custom else "arguments"] += ev.arguments
+            kind = "response.custom_tool_call_input.delta" if custom else "response.function_call_arguments.delta"
+            return self._ev(kind, item_id=item["id"], output_index=index, delta=ev.arguments)
+        if isinstance(ev, ToolCallStart):
+            out = self._close_text() + self._close_reasoning()
+            item = tool_item(f"fc_{self.ctx.call_id}_{len(self.items)}", ev.id, ev.name, ev.kind, "", "in_progress")
+            self.tools[ev.index], added = self._add(item)
+            return out + added
+        if isinstance(ev, ReasoningDelta):
+            return self._reasoning(ev)
+        if isinstance(ev, StreamStart):
+            response = response_object(self.ctx, [], None, None)
+            return (self._ev("response.created", response=response)
+                    + self._ev("response.in_progress", response=response))
+        if isinstance(ev, StreamEnd):
+            out = self._close_text() + self._close_reasoning()
+            for index in sorted(self.tools.values()):
+                out += self._close_tool(index)
+            response = response_object(self.ctx, self.items, ev.stop_reason, usage_body(ev.usage))
+            kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+            return out + self._ev(kind, response=response)
+        return b""
+
+    def _reasoning(self, ev: ReasoningDelta) -> bytes:
+        out = b""
+        if self.open_reasoning is None:
+            out = self._close_text()
+            self.open_reasoning, added = self._add(reasoning_item(f"rs_{self.ctx.call_id}_{len(self.items)}", "",
+                                                                  None))
+            self.items[self.open_reasoning]["summary"] = [{"type": "summary_text", "text": ""}]
+            out += added + self._ev("response.reasoning_summary_part.added",
+                                    item_id=self.items[self.open_reasoning]["id"], output_index=self.open_reasoning,
+                                    summary_index=0, part={"type": "summary_text", "text": ""})
+        item = self.items[self.open_reasoning]
+        if ev.signature:
+            item["encrypted_content"] = ev.signature
+        if ev.text:
+            item["summary"][0]["text"] += ev.text
+            out += self._ev("response.reasoning_summary_text.delta", item_id=item["id"],
+                            output_index=self.open_reasoning, summary_index=0, delta=ev.text)
+        return out
+
+    def _close_text(self) -> bytes:
+        index, self.open_text = self.open_text, None
+        if index is None:
+            return b""
+        item = self.items[index]
+        item["status"] = "completed"
+        part = item["content"][0]
+        return (self._ev("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                         text=part["text"], logprobs=[])
+                + self._ev("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                           part=part)
+                + self._ev("response.output_item.done", output_index=index, item=item))
+
+    def _close_reasoning(self) -> bytes:
+        index, self.open_reasoning = self.open_reasoning, None
+        if index is None:
+            return b""
+        item = self.items[index]
+        part = item["summary"][0]
+        return (self._ev("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                         summary_index=0, text=part["text"])
+                + self._ev("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                           summary_index=0, part=part)
+                + self._ev("response.output_item.done", output_index=index, item=item))
+
+    def _close_tool(self, index: int) -> bytes:
+        item = self.items[index]
+        item["status"] = "completed"
+        if item["type"] == "custom_tool_call":
+            done = self._ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                            input=item["input"])
+        else:
+            done = self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            arguments=item["arguments"])
+        return done + self._ev("response.output_item.done", output_index=index, item=item)
+
+    def error(self, err: GatewayError) -> bytes:
+        error = {"code": err.code or "server_error", "message": err.message}
+        return (self._ev("error", code=error["code"], message=err.message, param=None)
+                + self._ev("response.failed", response=response_object(self.ctx, self.items, None, None, error)))
+
+
+FORMAT = ResponsesFormat()
+
+
+@hookimpl
+def gateway_register_formats(register):
+    register(FORMAT)
