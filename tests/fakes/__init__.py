@@ -4,14 +4,24 @@ Start one with pytest-aiohttp, point the gateway at it, script its answers:
 
     fake = FakeOpenAIChat()
     server = await aiohttp_server(fake.app)
-    base_url = str(server.make_url("/v1"))        # Anthropic: server.make_url("")
+    base_url = str(server.make_url("/v1"))        # Anthropic and Gemini: server.make_url("")
     fake.enqueue(Reply(text="Hi"), Reply(error_status=429))
     ...
     assert fake.requests[0].rejected is None      # the real API would have accepted it
 """
 
 from .anthropic_messages import FakeAnthropic
+from .gemini import FakeGemini
 from .openai_chat import FakeOpenAIChat
+from .openai_responses import FakeOpenAIResponses
 from .script import RecordedRequest, Reply, ToolCallSpec
 
-__all__ = ["FakeAnthropic", "FakeOpenAIChat", "RecordedRequest", "Reply", "ToolCallSpec"]
+__all__ = [
+    "FakeAnthropic",
+    "FakeGemini",
+    "FakeOpenAIChat",
+    "FakeOpenAIResponses",
+    "RecordedRequest",
+    "Reply",
+    "ToolCallSpec",
+]

@@ -54,6 +54,7 @@ class RecordedRequest:
     path: str
     rejected: str | None = None  # error message the fake answered with, if it refused the request
     disconnected: bool = False  # the client went away before the stream finished
+    query: dict[str, str] = field(default_factory=dict)  # URL query (Gemini: ?alt=sse, ?key=)
 
 
 class Invalid(Exception):
@@ -132,6 +133,16 @@ ANTHROPIC_STOP = {
     "stop_sequence": "stop_sequence",
     "content_filter": "refusal",
 }
+GEMINI_FINISH = {  # a tool call is a STOP with functionCall parts: Gemini has no tool stop
+    "end": "STOP",
+    "max_tokens": "MAX_TOKENS",
+    "tool_use": "STOP",
+    "stop_sequence": "STOP",
+    "content_filter": "SAFETY",
+}
+# The Responses API has no finish reason: these stops make the response `incomplete`
+# with this `incomplete_details.reason`; every other stop is `completed`.
+RESPONSES_INCOMPLETE = {"max_tokens": "max_output_tokens", "content_filter": "content_filter"}
 
 
 def canonical_stop(reply: Reply) -> str:
@@ -215,6 +226,7 @@ class FakeUpstream:
             headers=_lower_headers(request.headers.items()),
             body=body if isinstance(body, dict) else None,
             path=request.path,
+            query=dict(request.query),
         )
         self.requests.append(recorded)
         return recorded
