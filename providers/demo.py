@@ -1,6 +1,7 @@
 """The offline demo provider: deterministic answers with no network and no key, so a new
 install works at once. It is a demo, not a model: it restates the last user message,
-calls a tool when the message names one (or when tool_choice demands it), and
+calls a tool when the message names it or a word of its name ("weather" for get_weather)
+or when tool_choice demands one, and
 acknowledges tool results. Streams come word by word. Usage counts words as tokens.
 """
 from __future__ import annotations
@@ -55,7 +56,9 @@ class DemoProvider(Provider):
             return None
         if req.tool_choice and req.tool_choice.mode == "tool":
             return next((t for t in req.tools if t.name == req.tool_choice.name), None)
-        named = next((t for t in req.tools if t.name in said), None)
+        words = said.lower()
+        named = next((t for t in req.tools if t.name in said
+                      or any(len(w) > 3 and w in words for w in t.name.lower().split("_"))), None)
         if named or (req.tool_choice and req.tool_choice.mode == "required"):
             return named or req.tools[0]
         return None
