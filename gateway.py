@@ -30,7 +30,7 @@ from plugins.appstate import (
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext
 from plugins.errors import GatewayError, bad_request
-from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
 from plugins.store import Store, collect_migrations
 from providers.types import ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input
 
@@ -62,6 +62,7 @@ def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=Non
     pm.hook.gateway_register_routes(register=lambda method, path, handler: app.router.add_route(method, path, handler),
                                     config=cfg)
 
+    pm.hook.gateway_configure(app=app, config=cfg)
     app.cleanup_ctx.extend([_database, _http_session, _background_tasks])
     app.on_response_prepare.append(_add_request_id)
     return app
@@ -112,7 +113,8 @@ async def errors_to_json(request: web.Request, handler):
     try:
         return await handler(request)
     except GatewayError as err:
-        return json_response(openai_error_body(err), err.status, err.headers)
+        body = err.body if err.body is not None else openai_error_body(err)
+        return json_response(body, err.status, err.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -133,16 +135,6 @@ async def errors_to_json(request: web.Request, handler):
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
     if REQUEST_ID in request:
         response.headers["X-Request-Id"] = request[REQUEST_ID]
-
-
-async def read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    if not raw:
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 # ---- the chat pipeline ---------------------------------------------------------
@@ -179,7 +171,7 @@ async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamRespons
                 ctx.usage, ctx.outcome, ctx.status = answer.usage, OK, 200
                 ctx.output_chars = len(answer.text()) + sum(len(c.arguments) for c in answer.tool_calls())
                 await finish(ctx)
-                return json_response(fmt.render(answer, ctx))
+                return json_response(fmt.render(answer, ctx), headers=ctx.response_headers)
             except GatewayError as err:
                 ctx.status, ctx.error = err.status, err.message
                 raise

@@ -72,6 +72,7 @@ class CallContext:
     output_chars: int = 0              # produced so far, for estimates when usage is missing
     charge_micro: int = 0
     billing: dict[str, Any] = field(default_factory=dict)   # the billing block
+    response_headers: dict[str, str] = field(default_factory=dict)  # e.g. x402 settlement
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     state: dict[str, Any] = field(default_factory=dict)      # free space for plugins

@@ -39,7 +39,8 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
-        self.extra = extra or {}   # more fields for the error body (e.g. x402 requirements)
+        self.extra = extra or {}   # more fields for the error body
+        self.body: dict | None = None   # a whole body that replaces the format's shape (x402's 402)
 
     def __repr__(self) -> str:
         return f"GatewayError({self.status}, {self.message!r}, code={self.code!r})"

@@ -43,6 +43,18 @@ def gateway_register_commands(subparsers):
 
 
 @hookspec
+def gateway_register_payment_methods(register):
+    """Startup. Call `register(ChainClass)` for each x402 payment chain type; the class's
+    `type_name` is what `payments.x402.chains[].type` names in YAML."""
+
+
+@hookspec
+def gateway_configure(app, config):
+    """App creation, after the core is set up. Read and validate your config section
+    (raise config.ConfigError with key paths) and keep what you need on the app."""
+
+
+@hookspec
 def gateway_register_migrations(register):
     """Startup. Call `register(name, sql)` for each schema step this plugin needs; names
     sort into order (e.g. "billing_0001_holds") and each runs once per database."""

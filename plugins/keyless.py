@@ -10,5 +10,6 @@ from .errors import GatewayError
 @hookimpl(trylast=True)
 def gateway_reserve(ctx: CallContext):
     if ctx.principal is None:
-        raise GatewayError(402, "payment required: send an API key (Authorization: Bearer chk_...) "
-                                "to pay from prepaid credits", code="payment_required")
+        raise GatewayError(402, "payment required: send an API key (Authorization: Bearer chk_...) to pay "
+                                "from prepaid credits; this gateway takes no per-call x402 payment here",
+                           code="payment_required")

@@ -186,12 +186,16 @@ class EveryExtensionPoint:
         from plugins.formats.base import json_response
 
         async def hello(request):
-            return json_response({"hello": len(config.chat_models)})
+            return json_response({self.greeting: len(config.chat_models)})
         register("GET", "/api/v1/hello", hello)
 
     @hookimpl
     def gateway_register_migrations(self, register):
         register("5000_example_notes", "CREATE TABLE example_notes (call_id TEXT)")
+
+    @hookimpl
+    def gateway_configure(self, app, config):
+        self.greeting = config.plugin_config("every").get("greeting", "hello")
 
     @hookimpl
     async def gateway_startup(self, app):
@@ -237,7 +241,7 @@ async def test_a_plugin_can_use_every_extension_point(start_gateway, capsys):
     pm = get_plugin_manager()
     plugin = EveryExtensionPoint()
     pm.register(plugin, "every")
-    gw = await start_gateway(pm=pm)
+    gw = await start_gateway({"plugin_config": {"every": {"greeting": "hi"}}}, pm=pm)
     assert plugin.started
     key, _ = await gw.key(1)
     client = gw.openai(key)
@@ -249,7 +253,7 @@ async def test_a_plugin_can_use_every_extension_point(start_gateway, capsys):
     assert info.value.response.headers["Retry-After"] == "3"
     account = await client.get("/account", cast_to=dict)
     assert account["plan"] == "example"
-    assert (await client.get("/hello", cast_to=dict)) == {"hello": 1}
+    assert (await client.get("/hello", cast_to=dict)) == {"hi": 1}
     assert tuple(await gw.store.fetchone("SELECT COUNT(*) FROM example_notes")) == (0,)
     assert gateway.build_parser(pm).parse_args(["example-hello"]).func(None) == 0
     assert "hello" in capsys.readouterr().out

@@ -19,6 +19,17 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
                         headers=headers)
 
 
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON; an empty or malformed body is a 400 that says so."""
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
 class Fields:
     """Typed reads from a request object; any mistake is a 400 naming the field."""
 
@@ -118,6 +129,7 @@ class ClientFormat:
     key_required: ClassVar[bool] = False
     max_input_chars: ClassVar[int] = 200_000
     pass_headers: ClassVar[tuple[str, ...]] = ()   # client headers a same-format upstream gets
+    accepts_x402: ClassVar[bool] = False           # keyless callers may pay per call
 
     def parse(self, body: Any) -> ChatRequest:
         raise NotImplementedError
@@ -136,7 +148,8 @@ class ClientFormat:
         raise NotImplementedError
 
     def error_response(self, err: GatewayError) -> web.Response:
-        return json_response(self.error_body(err), status=err.status, headers=err.headers)
+        body = err.body if err.body is not None else self.error_body(err)
+        return json_response(body, status=err.status, headers=err.headers)
 
 
 class StreamWriter:

@@ -155,6 +155,7 @@ class ChatCompletionsFormat(ClientFormat):
     endpoint = "chat.completions"
     key_required = False
     max_input_chars = 200_000
+    accepts_x402 = True
 
     def parse(self, body: Any) -> ChatRequest:
         f = Fields(body)

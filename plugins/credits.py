@@ -1,0 +1,108 @@
+"""`POST /api/v1/account/credits/purchase {usd}`: buy credits with an x402 payment.
+
+The first call answers 402 quoting exactly `usd` (no discount on credit purchases). The
+paid retry is verified, its payment claimed (so it can never credit twice, even sent
+twice at once), settled, and only then credited, with any bonus, in one transaction.
+"""
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from aiohttp import web
+
+from config import usd
+
+from . import hookimpl, ledger
+from .appstate import CONFIG, HTTP, STORE
+from .auth import authenticate_request
+from .errors import GatewayError, bad_request
+from .formats.base import json_response, read_json
+from .store import now
+from .x402 import PAYWALL
+from .x402.paywall import new_ref
+from .x402.settings import load_credits
+
+CREDITS = web.AppKey("credit_settings", object)
+MICRO = 1_000_000
+
+SCHEMA = """
+CREATE TABLE credit_orders (
+    id TEXT PRIMARY KEY,
+    account_id INTEGER NOT NULL REFERENCES accounts(id),
+    usd_micro INTEGER NOT NULL,
+    bonus_micro INTEGER NOT NULL,
+    claim_key TEXT NOT NULL UNIQUE,     -- the payment: one order per payment, ever
+    tx TEXT,
+    created_at INTEGER NOT NULL
+);
+"""
+
+
+@hookimpl
+def gateway_register_migrations(register):
+    register("0210_credit_orders", SCHEMA)
+
+
+@hookimpl
+def gateway_configure(app, config):
+    app[CREDITS] = load_credits(config)
+
+
+def _amount(body, settings) -> int:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object {\"usd\": amount}")
+    raw = body.get("usd")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise bad_request("usd: required, the amount of credits to buy in USD", param="usd")
+    try:
+        micro = Decimal(str(raw)) * MICRO
+    except InvalidOperation:
+        raise bad_request(f"usd: not a number: {raw!r}", param="usd") from None
+    if micro != micro.to_integral_value():
+        raise bad_request("usd: at most 6 decimals", param="usd")
+    micro = int(micro)
+    if not settings.min_micro <= micro <= settings.max_micro:
+        raise bad_request(f"usd: must be from {usd(settings.min_micro):g} to {usd(settings.max_micro):g}", param="usd")
+    return micro
+
+
+def _credit(conn, order_id, account_id, amount, settings, claim_key, tx):
+    first = conn.execute("SELECT COUNT(*) FROM credit_orders WHERE account_id = ?", (account_id,)).fetchone()[0] == 0
+    bonus = settings.bonus(amount, first)
+    conn.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, created_at) "
+                 "VALUES (?,?,?,?,?,?,?)", (order_id, account_id, amount, bonus, claim_key, tx, now()))
+    balance = ledger._credit(conn, account_id, amount, "purchase", order_id)
+    if bonus:
+        balance = ledger._credit(conn, account_id, bonus, "bonus", order_id)
+    return bonus, balance
+
+
+async def purchase(request: web.Request) -> web.Response:
+    principal = await authenticate_request(request)
+    if principal is None:
+        raise GatewayError(401, "send your API key (Authorization: Bearer chk_...) so the right account is "
+                                "credited", code="missing_api_key")
+    settings = request.app[CREDITS]
+    amount = _amount(await read_json(request), settings)
+    paywall = request.app.get(PAYWALL)
+    if paywall is None or not paywall.enabled:
+        raise GatewayError(503, "this gateway does not sell credits over x402", code="x402_disabled")
+    app, order_id = request.app, new_ref("order")
+    resource = paywall.resource(request.path, f"${usd(amount):.2f} of gateway credits")
+    accepted = await paywall.accept(request.headers, amount, discounts=False, resource=resource, ref=order_id,
+                                    store=app[STORE], http=app[HTTP])
+    result = await paywall.settle(accepted, app[STORE], app[HTTP])
+    if not result.get("success"):
+        err = GatewayError(402, f"the payment did not settle ({result.get('errorReason')}); nothing was credited",
+                           code="settlement_failed", headers=accepted.headers)
+        raise err
+    bonus, balance = await app[STORE].transaction(_credit, order_id, principal.account_id, amount, settings,
+                                                  accepted.claim_key, result.get("transaction"))
+    return json_response({"order_id": order_id, "status": "confirmed", "credited_usd": usd(amount),
+                          "bonus_usd": usd(bonus), "balance_usd": usd(balance), "tx": result.get("transaction")},
+                         headers=accepted.headers)
+
+
+@hookimpl
+def gateway_register_routes(register, config):
+    register("POST", "/api/v1/account/credits/purchase", purchase)
