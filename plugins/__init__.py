@@ -41,6 +41,7 @@ DEFAULT_PLUGINS = (
     "plugins.usage",
     "plugins.accounts",
     "plugins.listings",
+    "plugins.cors",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.

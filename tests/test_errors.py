@@ -117,3 +117,23 @@ async def test_every_response_carries_a_request_id(gw):
             assert r.headers["X-Request-Id"] == "abc123"
         async with s.post(f"{gw.url}/api/v1/chat/completions", data=b"{") as r:
             assert len(r.headers["X-Request-Id"]) == 16
+
+
+async def test_cors_preflight_and_exposed_headers(gw):
+    async with aiohttp.ClientSession() as s:
+        async with s.options(f"{gw.url}/api/v1/chat/completions", headers={
+                "Origin": "https://agent.example", "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "payment-signature, content-type"}) as r:
+            assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "*"
+            assert "PAYMENT-SIGNATURE" in r.headers["Access-Control-Allow-Headers"]
+        async with s.post(f"{gw.url}/api/v1/chat/completions", json={}, headers={"Origin": "https://a.example"}) as r:
+            assert "PAYMENT-RESPONSE" in r.headers["Access-Control-Expose-Headers"]
+
+
+async def test_cors_can_be_narrowed(start_gateway):
+    gw = await start_gateway({"server": {"cors_origins": ["https://ok.example"]}})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{gw.url}/api/v1/models", headers={"Origin": "https://ok.example"}) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "https://ok.example"
+        async with s.get(f"{gw.url}/api/v1/models", headers={"Origin": "https://evil.example"}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
