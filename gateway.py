@@ -11,12 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import secrets
-import signal
 import sys
-import time
-from typing import Any
 
 import aiohttp
 import orjson
@@ -24,12 +20,14 @@ import structlog
 from aiohttp import web
 
 import config as config_mod
-from plugins import acall_all, acall_first, around, get_plugin_manager
+from plugins import acall_all, around, get_plugin_manager
 from plugins.appstate import (
-    BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE, spawn,
+    BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext
-from plugins.errors import GatewayError, bad_request
+from plugins.errors import GatewayError
+from plugins.pipeline import finish, run_stages
+from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
 from plugins.store import Store, collect_migrations
 from providers.types import ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input
@@ -147,23 +145,16 @@ def _chat_handler(fmt: ClientFormat):
 
 
 async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamResponse:
-    app, pm = request.app, request.app[PM]
+    pm = request.app[PM]
     ctx = CallContext(request=request, endpoint=fmt.endpoint, call_id=secrets.token_hex(12))
     ctx.state["format"] = fmt
     try:
         ctx.chat = fmt.parse(await read_json(request))
         ctx.chat.headers = {h: request.headers[h] for h in fmt.pass_headers if h in request.headers}
+        ctx.model_id, ctx.streaming, ctx.pricer = ctx.chat.model, ctx.chat.stream, CHAT_PRICER
         ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
         async with around(pm, ctx):
-            ctx.principal = await acall_first(pm.hook.gateway_authenticate, ctx=ctx)
-            await acall_all(pm.hook.gateway_admit, ctx=ctx)
-            await acall_all(pm.hook.gateway_moderate, ctx=ctx)
-            ctx.route = await acall_first(pm.hook.gateway_select_route, ctx=ctx)
-            if ctx.route is None:
-                raise bad_request(f"model {ctx.chat.model!r} is not served here", param="model")
-            ctx.hold = await acall_first(pm.hook.gateway_reserve, ctx=ctx)
-            if ctx.hold is None:
-                raise GatewayError(402, "this call cannot be paid for: send an API key")
+            await run_stages(ctx)
             try:
                 if ctx.chat.stream:
                     return await relay_stream(request, ctx, fmt)
@@ -180,25 +171,6 @@ async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamRespons
     except GatewayError as err:
         log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
         return fmt.error_response(err)
-
-
-async def finish(ctx: CallContext) -> None:
-    """Settle and record once, in a tracked task that survives a cancelled handler."""
-    task = ctx.state.get("finish")
-    if task is None:
-        task = ctx.state["finish"] = spawn(ctx.request.app, _settle_and_record(ctx))
-    await asyncio.shield(task)
-
-
-async def _settle_and_record(ctx: CallContext) -> None:
-    pm = ctx.request.app[PM]
-    try:
-        await acall_all(pm.hook.gateway_settle, ctx=ctx)
-    finally:
-        await acall_all(pm.hook.gateway_record_usage, ctx=ctx)
-        log.info("call", endpoint=ctx.endpoint, model=ctx.route.model.id if ctx.route else None,
-                 outcome=ctx.outcome, status=ctx.status, usd_micro=ctx.charge_micro,
-                 ms=round((time.monotonic() - ctx.started) * 1000, 1))
 
 
 async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat) -> web.StreamResponse:

@@ -23,8 +23,8 @@ def gateway_admit(ctx: CallContext):
         raise GatewayError(413, f"input is {ctx.input_chars:,} characters; {fmt.path} takes at most "
                                 f"{fmt.max_input_chars:,}", code="input_too_large")
     if not ctx.has_key:
-        if ctx.chat.stream:
+        if ctx.streaming:
             raise bad_request("streaming needs an API key (stream: true without a key is refused)",
                               param="stream", code="key_required_for_stream")
-        if ctx.chat.model == SMART:
+        if ctx.model_id == SMART:
             raise bad_request("svc/smart needs an API key", param="model", code="key_required_for_smart")

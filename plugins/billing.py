@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from config import usd
 
-from . import hookimpl, ledger, pricing
+from . import hookimpl, ledger
 from .appstate import STORE
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
@@ -19,14 +19,12 @@ from .errors import GatewayError
 async def gateway_reserve(ctx: CallContext):
     if ctx.principal is None:
         return None
-    amount, tokens_in, cap = pricing.quote(ctx)
+    amount, tokens_in, cap = ctx.pricer.reserve(ctx)
     store = ctx.request.app[STORE]
     if not await ledger.reserve(store, ctx.principal.account_id, amount, ctx.call_id):
         have = await ledger.balance(store, ctx.principal.account_id)
-        raise GatewayError(
-            402, f"balance ${usd(have):.6f} does not cover this call's reserve ${usd(amount):.6f} "
-                 f"(~{tokens_in} input tokens + max_tokens {cap} on {ctx.route.model.id}); "
-                 "lower max_tokens or add credits", code="insufficient_credits")
+        raise GatewayError(402, f"balance ${usd(have):.6f} does not cover {ctx.pricer.shortfall(ctx, amount)}; "
+                                "lower the request or add credits", code="insufficient_credits")
     return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap)
 
 
@@ -34,8 +32,7 @@ def charge_for(ctx: CallContext) -> tuple[int, int]:
     """-> (charge, usage cost) for the call as it ended. Failed calls cost nothing."""
     if ctx.outcome not in (OK, CLIENT_GONE):
         return 0, 0
-    cost = pricing.token_cost(ctx.route.model, ctx.hold.input_tokens, pricing.billed_output(ctx))
-    return min(cost, ctx.hold.amount_micro), cost
+    return ctx.pricer.charge(ctx)
 
 
 @hookimpl
@@ -51,7 +48,7 @@ async def gateway_settle(ctx: CallContext):
         "client disconnected: charged for the output relayed"
     if ctx.outcome not in (OK, CLIENT_GONE):
         note = "call failed: not charged"
-    ctx.billing = pricing.billing_block(ctx, ctx.charge_micro, cost, note)
+    ctx.billing = ctx.pricer.billing(ctx, ctx.charge_micro, cost, note)
 
 
 @hookimpl(trylast=True)

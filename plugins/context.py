@@ -62,6 +62,10 @@ class CallContext:
     endpoint: str                      # "chat.completions", "messages", ...
     call_id: str
     chat: ChatRequest | None = None
+    media: Any = None                  # a media request (images, videos)
+    pricer: Any = None                 # prices this call (plugins.pricing.ChatPricer, media's)
+    model_id: str = ""                 # the model the client asked for
+    streaming: bool = False
     input_chars: int = 0               # what the input estimate is based on
     principal: Principal | None = None
     route: Route | None = None

@@ -13,7 +13,7 @@ from aiohttp import web
 from config import usd
 
 from . import hookimpl, ledger
-from .appstate import CONFIG, HTTP, STORE
+from .appstate import HTTP, STORE
 from .auth import authenticate_request
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json

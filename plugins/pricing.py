@@ -1,8 +1,11 @@
-"""Chat price arithmetic, pure and exact: integer micro-USD, rounded up once per call.
+"""Price arithmetic, pure and exact: integer micro-USD, rounded up once per call.
 
-Prices are integers in micro-USD per million tokens, so a call costs
+Each endpoint prices its calls through a pricer object (`ctx.pricer`): what a keyed call
+holds, what an x402 call pays, what a finished call is charged, and its billing block.
+Credits and x402 plugins only ask the pricer, so chat and media share them unchanged.
+
+Chat prices are integers in micro-USD per million tokens, so a call costs
 ceil((input x input_price + output x output_price) / 1,000,000) micro-USD.
-The same functions price a credits hold and an x402 quote, so the two never disagree.
 """
 from __future__ import annotations
 
@@ -63,3 +66,29 @@ def billing_block(ctx: CallContext, charged_micro: int, usage_micro: int, note: 
         block["requested_model"] = ctx.route.requested_model
     block.update(ctx.route.extra)
     return block
+
+
+class ChatPricer:
+    """Chat: hold input estimate + max_tokens; x402 pays that same quote; charge tokens."""
+
+    def reserve(self, ctx: CallContext) -> tuple[int, int, int]:
+        return quote(ctx)
+
+    def x402_price(self, ctx: CallContext) -> tuple[int, str]:
+        amount, _, cap = quote(ctx)
+        return amount, f"{ctx.route.model.id}, up to {cap} output tokens"
+
+    def shortfall(self, ctx: CallContext, amount: int) -> str:
+        return (f"this call's reserve ${usd(amount):.6f} (~{input_estimate(ctx)} input tokens + max_tokens "
+                f"{ctx.chat.max_tokens} on {ctx.route.model.id})")
+
+    def charge(self, ctx: CallContext) -> tuple[int, int]:
+        """-> (charge, usage cost) of a finished call, never more than its hold."""
+        cost = token_cost(ctx.route.model, ctx.hold.input_tokens, billed_output(ctx))
+        return min(cost, ctx.hold.amount_micro), cost
+
+    def billing(self, ctx: CallContext, charged: int, usage: int, note: str) -> dict:
+        return billing_block(ctx, charged, usage, note)
+
+
+CHAT = ChatPricer()

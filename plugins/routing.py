@@ -29,6 +29,8 @@ def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> R
 
 @hookimpl(trylast=True)
 def gateway_select_route(ctx: CallContext):
+    if ctx.chat is None:
+        return None
     fmt = ctx.state["format"]
     resolved = fmt.resolve_model(ctx.chat.model, ctx.request.app[CONFIG])
     return route_to(ctx, resolved, requested=ctx.chat.model)

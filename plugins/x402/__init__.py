@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from config import usd
-from plugins import hookimpl, pricing
+from plugins import hookimpl
 from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
@@ -50,9 +50,10 @@ async def gateway_reserve(ctx: CallContext):
     paywall = paywall_for(ctx)
     if paywall is None:
         return None
-    amount, tokens_in, cap = pricing.quote(ctx)
+    _, tokens_in, cap = ctx.pricer.reserve(ctx)
+    amount, description = ctx.pricer.x402_price(ctx)
     app = ctx.request.app
-    resource = paywall.resource(ctx.request.path, f"{ctx.route.model.id}, up to {cap} output tokens")
+    resource = paywall.resource(ctx.request.path, description)
     accepted = await paywall.accept(ctx.request.headers, amount, discounts=True, resource=resource,
                                     ref=ctx.call_id, store=app[STORE], http=app[HTTP])
     return Hold(kind="x402", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
@@ -66,10 +67,10 @@ async def gateway_settle(ctx: CallContext):
         return
     hold.settled = True
     app, accepted, paywall = ctx.request.app, hold.data["accepted"], hold.data["paywall"]
-    cost = pricing.token_cost(ctx.route.model, hold.input_tokens, pricing.billed_output(ctx))
+    cost = ctx.pricer.charge(ctx)[1]
     if ctx.outcome != OK:
         await paywall.release(accepted, app[STORE])
-        ctx.billing = pricing.billing_block(ctx, 0, cost, "call failed: the payment was not settled")
+        ctx.billing = ctx.pricer.billing(ctx, 0, cost, "call failed: the payment was not settled")
         return
     result = await paywall.settle(accepted, app[STORE], app[HTTP])
     ctx.response_headers.update(accepted.headers)
@@ -79,4 +80,4 @@ async def gateway_settle(ctx: CallContext):
         note = f"paid ${usd(ctx.charge_micro):.6f} with x402 ({asset}); tx {result.get('transaction')}"
     else:
         note = f"x402 settlement failed ({result.get('errorReason')}): nothing was charged"
-    ctx.billing = pricing.billing_block(ctx, ctx.charge_micro, cost, note)
+    ctx.billing = ctx.pricer.billing(ctx, ctx.charge_micro, cost, note)
