@@ -41,6 +41,8 @@ DEFAULT_PLUGINS = (
     "plugins.usage",
     "plugins.accounts",
     "plugins.listings",
+    "plugins.media",
+    "plugins.media.artifacts",
     "plugins.cors",
 )
 

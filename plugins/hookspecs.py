@@ -49,6 +49,12 @@ def gateway_register_payment_methods(register):
 
 
 @hookspec
+def gateway_register_artifact_stores(register):
+    """Startup. Call `register(StoreClass)` for each place rendered media can be kept; the
+    class's `type_name` is what `media.artifacts.type` names in YAML (default: local)."""
+
+
+@hookspec
 def gateway_configure(app, config):
     """App creation, after the core is set up. Read and validate your config section
     (raise config.ConfigError with key paths) and keep what you need on the app."""

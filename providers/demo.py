@@ -1,5 +1,6 @@
 """The offline demo provider: deterministic answers with no network and no key, so a new
-install works at once. It is a demo, not a model: it restates the last user message,
+install works at once. Images are real PNGs and
+videos real MP4 clips, chosen from the prompt. It is a demo, not a model: it restates the last user message,
 calls a tool when the message names it or a word of its name ("weather" for get_weather)
 or when tool_choice demands one, and
 acknowledges tool results. Streams come word by word. Usage counts words as tokens.
@@ -8,15 +9,38 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import struct
+import zlib
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import orjson
 
 from .base import Provider
+from .media_types import ImageJob, MediaFile, VideoJob
 from .types import (
     END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, StreamEnd, StreamEvent, StreamStart, TextDelta,
     TextPart, ToolCall, ToolCallDelta, ToolCallStart, ToolResult, Usage, estimate_tokens,
 )
+
+
+CLIPS = sorted((Path(__file__).parent / "assets").glob("demo-clip-*.mp4"))
+
+
+def png(width: int, height: int, seed: bytes) -> bytes:
+    """A real PNG: a two-colour gradient whose colours come from `seed`."""
+    a, b = seed[:3], seed[3:6]
+    rows = []
+    for y in range(height):
+        t = y / max(1, height - 1)
+        colour = bytes(int(a[i] + (b[i] - a[i]) * t) for i in range(3))
+        rows.append(b"\x00" + colour * width)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+            + chunk(b"IEND", b""))
 
 
 def _placeholder(schema: dict[str, Any]) -> Any:
@@ -94,3 +118,15 @@ class DemoProvider(Provider):
                     await asyncio.sleep(self.delay)
                     yield ToolCallDelta(0, fragment)
         yield StreamEnd(stop_reason=stop, usage=self._usage(req, content))
+
+    # ---- media: real files, deterministic from the prompt ------------------------------
+
+    async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:
+        await asyncio.sleep(self.delay)
+        return [MediaFile(data=png(64, 64, hashlib.sha256(f"{job.prompt}|{i}".encode()).digest()))
+                for i in range(job.n)]
+
+    async def render_video(self, job: VideoJob, model) -> MediaFile:
+        await asyncio.sleep(float(self.settings.get("render_seconds", 0)))
+        clip = CLIPS[hashlib.sha256(job.prompt.encode()).digest()[0] % len(CLIPS)]
+        return MediaFile(data=await asyncio.to_thread(clip.read_bytes), content_type="video/mp4")

@@ -108,6 +108,11 @@ class OpenAIProvider(HTTPProvider):
     wire_format = "chat_completions"
     default_base_url = "https://api.openai.com/v1"
     path = "/chat/completions"
+    wants_reference_files = True      # image edits upload the references
+
+    async def generate_images(self, job, model):
+        from .openai_images import generate_images
+        return await generate_images(self, job, model)
 
     def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
         field = self.settings.get("max_tokens_field", "max_tokens")

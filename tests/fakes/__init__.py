@@ -8,19 +8,30 @@ Start one with pytest-aiohttp, point the gateway at it, script its answers:
     fake.enqueue(Reply(text="Hi"), Reply(error_status=429))
     ...
     assert fake.requests[0].rejected is None      # the real API would have accepted it
+
+Media fakes (FakeFal, FakeReplicate, FakeOpenAIImages) take `MediaReply` scripts
+and serve their result files themselves, at URLs on the same server.
 """
 
 from .anthropic_messages import FakeAnthropic
+from .fal import FakeFal
 from .gemini import FakeGemini
+from .media_script import MediaReply
 from .openai_chat import FakeOpenAIChat
+from .openai_images import FakeOpenAIImages
 from .openai_responses import FakeOpenAIResponses
+from .replicate import FakeReplicate
 from .script import RecordedRequest, Reply, ToolCallSpec
 
 __all__ = [
     "FakeAnthropic",
+    "FakeFal",
     "FakeGemini",
     "FakeOpenAIChat",
+    "FakeOpenAIImages",
     "FakeOpenAIResponses",
+    "FakeReplicate",
+    "MediaReply",
     "RecordedRequest",
     "Reply",
     "ToolCallSpec",

@@ -1,0 +1,280 @@
+"""Images and videos: `POST /api/v1/images/generations`, `POST /api/v1/videos/generations`,
+`GET /api/v1/media/models` and `GET /api/v1/media/artifacts/<name>`.
+
+A media call runs the same stages as chat (authenticate, admit, moderate, route, reserve,
+then settle), priced by a MediaPricer. Routing builds the job and validates it against
+the model, so every bad option is a 400 before any money is held.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+from config import usd
+from plugins import around, hookimpl
+from plugins.appstate import CONFIG, PM, PROVIDERS
+from plugins.context import OK, CallContext, Route
+from plugins.errors import GatewayError, bad_request
+from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
+from plugins.pipeline import finish, run_stages
+from providers.media_types import ImageJob, MediaFile
+
+from . import requests as parse
+from .artifacts import PREFIX
+from .catalog import MediaModel, load_media
+from .fetch import check_url, fetch, guarded_session
+from .mp4 import duration_seconds
+from .pricing import MediaPricer
+
+log = structlog.get_logger("media")
+MB = 1_000_000
+
+
+@dataclass
+class Media:
+    """Media state on the app: the catalog, settings, artifact store, fetch session."""
+    catalog: dict[str, MediaModel]
+    settings: dict[str, Any]
+    store: Any
+    allow_private: bool
+    fetcher: aiohttp.ClientSession | None = None
+    listing: bytes = b""
+
+
+MEDIA = web.AppKey("media", Media)
+
+
+class MediaEndpoint(ClientFormat):
+    """The media endpoints' request policy and error shape (OpenAI's)."""
+    key_required = False
+    accepts_x402 = True
+    max_input_chars = 200_000
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.name = f"{kind}s"
+        self.path = f"/api/v1/{kind}s/generations"
+        self.endpoint = f"{kind}s.generations"
+
+    def error_body(self, err: GatewayError) -> dict[str, Any]:
+        return openai_error_body(err)
+
+
+IMAGES, VIDEOS = MediaEndpoint("image"), MediaEndpoint("video")
+
+
+# ---- configuration and routing -----------------------------------------------------
+
+@hookimpl
+def gateway_configure(app, config):
+    from config import ConfigError
+    catalog = load_media(config)
+    settings = config.section("media")
+    art = settings.get("artifacts") or {}
+    types: dict[str, type] = {}
+    app[PM].hook.gateway_register_artifact_stores(register=lambda cls: types.setdefault(cls.type_name, cls))
+    kind = art.get("type", "local")
+    if kind not in types:
+        raise ConfigError([f"{config.path}: media.artifacts.type: no artifact store {kind!r} "
+                           f"(known: {', '.join(sorted(types))})"])
+    unable = [f"{config.path}: models.{m.kind}: {m.id}: provider {m.provider!r} has type "
+              f"{config.providers[m.provider].type!r}, which makes no {m.kind}s"
+              for m in catalog.values() if not _can_make(app, config, m)]
+    if unable:
+        raise ConfigError(unable)
+    app[MEDIA] = Media(catalog, settings, types[kind](art), bool(settings.get("allow_private_urls")))
+    app.cleanup_ctx.append(_media_context)
+
+
+def _can_make(app, config, model: MediaModel) -> bool:
+    from plugins.appstate import PROVIDER_TYPES
+    cls = app[PROVIDER_TYPES].get(config.providers[model.provider].type)
+    method = "generate_images" if model.kind == "image" else "render_video"
+    return cls is not None and callable(getattr(cls, method, None))
+
+
+def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
+    """A Route to catalog media model `model_id`, with its validated job and its pricer."""
+    app = ctx.request.app
+    endpoint: MediaEndpoint = ctx.state["format"]
+    model = app[MEDIA].catalog.get(model_id)
+    if model is None or model.kind != endpoint.kind:
+        raise bad_request(f"model {model_id!r} is not a{'n' if endpoint.kind == 'image' else ''} {endpoint.kind} "
+                          "model here; GET /api/v1/media/models lists them", param="model", code="model_not_found")
+    provider = app[PROVIDERS][model.provider]
+    reason = provider.unavailable_reason()
+    if reason:
+        raise GatewayError(503, f"model {model_id!r} is not available right now: {reason}",
+                           code="provider_unavailable")
+    f, prompt = ctx.state["media_fields"], ctx.state["prompt"]
+    job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
+    allow = app[MEDIA].allow_private
+    for url in [*getattr(job, "references", []), getattr(job, "image_url", None), getattr(job, "video_url", None)]:
+        if url:
+            check_url(url, "reference", allow_private=allow)
+    ctx.media, ctx.pricer = job, MediaPricer(model, job)
+    return Route(model=model, provider=provider, requested_model=requested or model_id)
+
+
+@hookimpl(trylast=True)
+def gateway_select_route(ctx: CallContext):
+    if not isinstance(ctx.state.get("format"), MediaEndpoint):
+        return None
+    if ctx.model_id == "svc/smart":
+        parse.no_smart_yet()
+    return media_route(ctx, ctx.model_id)
+
+
+# ---- the endpoints -----------------------------------------------------------------
+
+async def run_media(request: web.Request, endpoint: MediaEndpoint) -> web.StreamResponse:
+    ctx = CallContext(request=request, endpoint=endpoint.endpoint, call_id=secrets.token_hex(12))
+    ctx.state["format"] = endpoint
+    try:
+        f, ctx.model_id, prompt = parse.parse_common(await read_json(request))
+        ctx.state.update(media_fields=f, prompt=prompt)
+        ctx.input_chars = len(prompt)
+        async with around(request.app[PM], ctx):
+            await run_stages(ctx)
+            try:
+                files = await _produce(ctx)
+                ctx.state["media_files"] = files
+                ctx.outcome, ctx.status = OK, 200
+                await finish(ctx)
+                return json_response(_render(ctx, endpoint, files), headers=ctx.response_headers)
+            except GatewayError as err:
+                ctx.status, ctx.error = err.status, err.message
+                raise
+            finally:
+                await finish(ctx)
+    except GatewayError as err:
+        return endpoint.error_response(err)
+
+
+async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
+    app, job, model, provider = ctx.request.app, ctx.media, ctx.route.model, ctx.route.provider
+    settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
+    cap = int(settings.get("max_reference_mb", 20)) * MB
+    wait = float(settings.get("reference_timeout_seconds", 30))
+    if isinstance(job, ImageJob):
+        if job.references and getattr(provider, "wants_reference_files", False):
+            job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
+                                               allow_private=allow) for url in job.references]
+        files = await provider.generate_images(job, model)
+    else:
+        if job.video_url:
+            clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
+                                  allow_private=allow)
+            length = duration_seconds(clip)
+            if length is None:
+                raise bad_request("video_url: not an MP4 or MOV clip", param="video_url")
+            if length > model.reference_max_seconds + 0.05:
+                raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
+                                  f"{model.reference_max_seconds:g} s", param="video_url")
+        files = [await provider.render_video(job, model)]
+    if not files:
+        raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
+    return [await _keep(ctx, f, allow) for f in files]
+
+
+async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any]:
+    """Copy a result into the artifact store (or keep its bytes for b64_json)."""
+    app, endpoint = ctx.request.app, ctx.state["format"]
+    data, content_type = file.data, file.content_type
+    if data is None:
+        limit = (500 if endpoint.kind == "video" else 50) * MB
+        data, fetched_type = await fetch(app[MEDIA].fetcher, file.url, "result", max_bytes=limit, timeout=120,
+                                         allow_private=allow, status=502)
+        content_type = fetched_type if fetched_type.startswith(("image/", "video/")) else content_type
+        return {"path": await app[MEDIA].store.save(data, content_type)}
+    if endpoint.kind == "image":
+        return {"b64_json": base64.b64encode(data).decode()}
+    return {"path": await app[MEDIA].store.save(data, content_type)}
+
+
+def _render(ctx: CallContext, endpoint: MediaEndpoint, files: list[dict[str, Any]]) -> dict[str, Any]:
+    base = ctx.request.app[CONFIG].server.public_url
+    if endpoint.kind == "image":
+        data = [{"b64_json": f["b64_json"]} if "b64_json" in f else {"url": base + f["path"]} for f in files]
+        return {"created": int(time.time()), "data": data, "billing": ctx.billing}
+    return {"status": "succeeded", "results": [{"url": f["path"]} for f in files], "billing": ctx.billing}
+
+
+async def images(request: web.Request) -> web.StreamResponse:
+    return await run_media(request, IMAGES)
+
+
+async def videos(request: web.Request) -> web.StreamResponse:
+    return await run_media(request, VIDEOS)
+
+
+async def artifact(request: web.Request) -> web.StreamResponse:
+    found = await request.app[MEDIA].store.open(request.match_info["name"])
+    if found is None:
+        raise GatewayError(404, "no such artifact, or its link has expired; render it again", code="artifact_gone")
+    content, content_type = found
+    headers = {"Content-Type": content_type, "Cache-Control": "private, max-age=300"}
+    if isinstance(content, bytes):
+        return web.Response(body=content, headers=headers)
+    return web.FileResponse(content, headers=headers)
+
+
+async def listing(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[MEDIA].listing, content_type="application/json")
+
+
+def media_listing(app) -> dict[str, Any]:
+    models = []
+    for m in app[MEDIA].catalog.values():
+        entry = {"id": m.id, "label": m.label, "provider": m.provider, "kind": m.kind, "operations": m.operations,
+                 "max_references": m.max_references, "options": m.options_listing,
+                 f"usd_per_{m.per}": usd(m.service_micro), f"list_usd_per_{m.per}": usd(m.list_micro)}
+        if m.free_tier:
+            entry["free_tier"] = m.free_tier
+        if m.note:
+            entry["note"] = m.note
+        models.append(entry)
+    return {"models": models, "smart": app[MEDIA].settings.get("smart") or {},
+            "how": "Images: price per image at the default quality and resolution, scaled by the listed "
+                   "multiplier for other tiers; a call holds price x n and is charged for images produced. "
+                   "Videos: price per second (or per video at the default length), scaled by length, resolution "
+                   "tier and audio off; a call holds the list price and is charged the service price. Failed "
+                   "renders are not charged. aspect_ratio is free."}
+
+
+# ---- app wiring ----------------------------------------------------------------------
+
+@hookimpl
+def gateway_register_routes(register, config):
+    register("POST", IMAGES.path, images)
+    register("POST", VIDEOS.path, videos)
+    register("GET", "/api/v1/media/models", listing)
+    register("GET", PREFIX + "{name}", artifact)
+
+
+async def _media_context(app):
+    """The fetch session for client and result URLs, the listing, and the artifact sweeper."""
+    media = app[MEDIA]
+    media.listing = orjson.dumps(media_listing(app))
+    media.fetcher = guarded_session(media.allow_private)
+
+    async def sweep_forever():
+        while True:
+            await asyncio.sleep(max(60.0, media.store.ttl / 4))
+            removed = await media.store.sweep()
+            if removed:
+                log.info("artifacts_swept", removed=removed)
+
+    sweeper = asyncio.get_running_loop().create_task(sweep_forever())
+    yield
+    sweeper.cancel()
+    await media.fetcher.close()

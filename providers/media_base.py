@@ -1,0 +1,124 @@
+"""What media providers share: building the model input from a job, and running a
+queued job to completion (submit, poll with back-off until done, fail, or the deadline,
+then cancel on timeout). fal and Replicate differ only in URLs and field names."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+import aiohttp
+import orjson
+
+from .base import Provider, UpstreamError, map_upstream_status
+from .media_types import ImageJob, MediaFile, VideoJob
+
+
+def job_input(job: ImageJob | VideoJob, model, *, duration_text: bool) -> dict[str, Any]:
+    """The model's input from a job. Canonical names (prompt, num_images, image_url,
+    image_urls, video_url, duration, aspect_ratio, resolution, quality, generate_audio) are
+    adapted per model by the catalog: `upstream_fields` renames (null drops the field; a
+    name ending in `_urls` always gets a list), `upstream_values` maps values (Veo's "8s",
+    Ideogram's TURBO, size presets), and `upstream_input` adds fixed fields."""
+    body: dict[str, Any] = {"prompt": job.prompt}
+    if isinstance(job, ImageJob):
+        body["num_images"] = job.n
+        if job.references:
+            body["image_url"] = job.references[0]
+            if len(job.references) > 1:
+                body["image_urls"] = job.references
+        for name in ("aspect_ratio", "quality", "resolution"):
+            if getattr(job, name):
+                body[name] = getattr(job, name)
+    else:
+        seconds = int(job.duration) if float(job.duration).is_integer() else job.duration
+        body["duration"] = str(seconds) if duration_text else seconds
+        for name in ("image_url", "video_url", "aspect_ratio", "resolution"):
+            if getattr(job, name):
+                body[name] = getattr(job, name)
+        if job.references:
+            body["image_urls"] = job.references
+        if job.audio is not None:
+            body["generate_audio"] = job.audio
+    out: dict[str, Any] = {}
+    for name, value in body.items():
+        target = model.upstream_fields.get(name, name)
+        if target is None or (target in out and name == "image_url"):
+            continue
+        value = model.upstream_values.get(name, {}).get(str(value), value)
+        out[target] = [value] if target.endswith("_urls") and isinstance(value, str) else value
+    out.update(model.upstream_input)
+    return out
+
+
+class QueueProvider(Provider):
+    """A provider whose jobs run on a queue the gateway polls."""
+    default_base_url: ClassVar[str] = ""
+
+    def __init__(self, config, http):
+        super().__init__(config, http)
+        self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
+        self.api_key = str(self.settings.get("api_key") or "")
+        self.poll_seconds = float(self.settings.get("poll_seconds", 1.0))
+
+    def unavailable_reason(self) -> str | None:
+        if self.api_key:
+            return None
+        var = self.config.unset_env.get("api_key")
+        how = f"set the environment variable {var}" if var else f"set providers.{self.name}.api_key"
+        return f"provider {self.name!r} has no API key: the operator must {how} and restart"
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    async def call(self, method: str, url: str, body: dict | None = None, *, extra: dict | None = None) -> dict:
+        headers = {**self.auth(), **(extra or {})}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            async with self.http.request(method, url, data=orjson.dumps(body) if body is not None else None,
+                                         headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                raw = await resp.read()
+                try:
+                    data = orjson.loads(raw) if raw else {}
+                except orjson.JSONDecodeError:
+                    data = {}
+                if resp.status >= 400:
+                    raise map_upstream_status(self.name, resp.status, self.error_text(data, raw),
+                                              resp.headers.get("Retry-After"))
+                return data
+        except asyncio.TimeoutError:
+            raise UpstreamError(502, f"{self.name} did not answer in time", code="upstream_timeout") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(502, f"could not reach {self.name}: {exc.__class__.__name__}") from None
+
+    def error_text(self, data: Any, raw: bytes) -> str:
+        if isinstance(data, dict):
+            detail = data.get("detail") or data.get("error") or data.get("title")
+            if detail:
+                return detail if isinstance(detail, str) else orjson.dumps(detail).decode()[:300]
+        return raw[:200].decode("utf-8", "replace") or "no detail"
+
+    async def wait(self, poll, cancel, timeout: float) -> dict:
+        """Poll until `poll()` returns a finished job; cancel and fail at the deadline."""
+        deadline = time.monotonic() + timeout
+        delay = self.poll_seconds
+        while True:
+            done = await poll()
+            if done is not None:
+                return done
+            if time.monotonic() + delay > deadline:
+                try:
+                    await cancel()
+                except UpstreamError:
+                    pass
+                raise UpstreamError(502, f"{self.name} did not finish the render within {timeout:g} s; "
+                                         "it was cancelled and nothing was charged", code="render_timeout")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, max(self.poll_seconds, 5.0))
+
+    async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:
+        raise NotImplementedError
+
+    async def render_video(self, job: VideoJob, model) -> MediaFile:
+        raise NotImplementedError
