@@ -176,9 +176,12 @@ async def test_operations_follow_the_inputs(media_gw):
 async def test_reference_clip_length_is_checked(media_gw, aiohttp_server):
     gw, key, account = media_gw
     clip = open(os.path.join(os.path.dirname(__file__), "..", "providers", "assets", "demo-clip-0.mp4"), "rb").read()
+    async def serve(request):
+        body = clip if request.path == "/clip.mp4" else b"hello"
+        return web.Response(body=body, content_type="video/mp4")
     app = web.Application()
-    app.router.add_get("/clip.mp4", lambda r: web.Response(body=clip, content_type="video/mp4"))
-    app.router.add_get("/not-a-clip.mp4", lambda r: web.Response(body=b"hello", content_type="video/mp4"))
+    app.router.add_get("/clip.mp4", serve)
+    app.router.add_get("/not-a-clip.mp4", serve)
     server = await aiohttp_server(app)
     status, err, _ = await post(gw, "/api/v1/videos/generations", {"model": "demo/video", "prompt": "p",
                                                                    "video_url": str(server.make_url("/clip.mp4"))}, key)
