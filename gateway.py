@@ -182,7 +182,7 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     except StopAsyncIteration:
         raise GatewayError(502, f"{ctx.route.provider.name} sent an empty stream") from None
     writer = fmt.stream_writer(ctx)
-    resp = web.StreamResponse(headers=SSE_HEADERS)
+    resp = web.StreamResponse(headers={**SSE_HEADERS, **ctx.response_headers})
     await resp.prepare(request)
     ctx.status = 200
     ev = first

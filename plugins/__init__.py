@@ -31,6 +31,8 @@ DEFAULT_PLUGINS = (
     "plugins.formats.responses",
     "plugins.auth",
     "plugins.admission",
+    "plugins.ratelimit",
+    "plugins.moderation",
     "plugins.routing",
     "plugins.billing",
     "plugins.x402",

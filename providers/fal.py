@@ -39,15 +39,16 @@ class FalProvider(QueueProvider):
     async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:
         upstream = model.upstream[job.operation]
         files: list[MediaFile] = []
-        remaining = job.n
-        while remaining > 0:               # fal caps images per request: ask in batches
+        counted = "num_images" in job_input(job, model, duration_text=True)
+        for _ in range(job.n):             # fal caps images per request, some apps make one: ask again
+            if len(files) >= job.n:
+                break
             body = job_input(job, model, duration_text=True)
-            body["num_images"] = min(remaining, MAX_PER_REQUEST)
+            if counted:
+                body["num_images"] = min(job.n - len(files), MAX_PER_REQUEST)
             result = await self.run(upstream, body, model.timeout_seconds)
-            images = result.get("images") or []
             files += [MediaFile(url=i.get("url"), content_type=i.get("content_type") or "image/png")
-                      for i in images if i.get("url")]
-            remaining -= body["num_images"]
+                      for i in result.get("images") or [] if i.get("url")]
         return files[:job.n]
 
     async def render_video(self, job: VideoJob, model) -> MediaFile:

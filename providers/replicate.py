@@ -35,9 +35,15 @@ class ReplicateProvider(QueueProvider):
         return urls_out
 
     async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:
-        body = job_input(job, model, duration_text=False)
-        body["num_outputs"] = body.pop("num_images", job.n)
-        urls = await self.run(model.upstream[job.operation], body, model.timeout_seconds)
+        urls: list[str] = []
+        for _ in range(job.n):             # models that make one image a prediction: ask again
+            if len(urls) >= job.n:
+                break
+            body = job_input(job, model, duration_text=False)
+            if "num_images" in body:
+                body["num_outputs"] = job.n - len(urls)
+                del body["num_images"]
+            urls += await self.run(model.upstream[job.operation], body, model.timeout_seconds)
         return [MediaFile(url=u) for u in urls[:job.n]]
 
     async def render_video(self, job: VideoJob, model) -> MediaFile:

@@ -54,3 +54,18 @@ def test_shipped_catalog_is_consistent():
     for m in real:
         assert m.list_input_micro > 0 and m.list_output_micro > 0, m.id
         assert m.input_micro * 2 == m.list_input_micro or abs(m.input_micro * 2 - m.list_input_micro) <= 1, m.id
+
+
+def test_shipped_media_catalog_is_consistent():
+    from gateway import create_app
+    from plugins.media import MEDIA
+    cfg = load(env={})
+    catalog = create_app(cfg)[MEDIA].catalog
+    real = [m for m in catalog.values() if m.provider != "demo"]
+    assert sum(m.kind == "image" for m in real) == 15 and sum(m.kind == "video" for m in real) == 25
+    assert {m.provider for m in real} == {"openai", "fal", "replicate"}
+    for m in real:
+        assert m.list_micro > 0 and m.service_micro * 2 in (m.list_micro, m.list_micro + 1), m.id
+        assert "edit" not in m.upstream or m.max_references >= 1, m.id
+        if m.kind == "video":
+            assert m.duration.allows(m.duration.default), m.id
