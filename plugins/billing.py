@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from config import usd
 
-from . import hookimpl, ledger
+from . import allowance, hookimpl, ledger
 from .appstate import STORE
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
@@ -21,11 +21,14 @@ async def gateway_reserve(ctx: CallContext):
         return None
     amount, tokens_in, cap = ctx.pricer.reserve(ctx)
     store = ctx.request.app[STORE]
-    if not await ledger.reserve(store, ctx.principal.account_id, amount, ctx.call_id):
+    free = allowance.ask(ctx, tokens_in, cap)
+    taken = await ledger.reserve(store, ctx.principal.account_id, amount, ctx.call_id, free)
+    if taken is None:
         have = await ledger.balance(store, ctx.principal.account_id)
         raise GatewayError(402, f"balance ${usd(have):.6f} does not cover {ctx.pricer.shortfall(ctx, amount)}; "
                                 "lower the request or add credits", code="insufficient_credits")
-    return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap)
+    return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
+                data={"free": taken})
 
 
 def charge_for(ctx: CallContext) -> tuple[int, int]:
@@ -35,17 +38,29 @@ def charge_for(ctx: CallContext) -> tuple[int, int]:
     return ctx.pricer.charge(ctx)
 
 
+def pricing_output(ctx: CallContext) -> int:
+    """Output tokens billed (chat), or 0 for media (whose pricer knows its own free part)."""
+    if ctx.chat is None:
+        return 0
+    from .pricing import billed_output
+    return billed_output(ctx)
+
+
 @hookimpl
 async def gateway_settle(ctx: CallContext):
     hold = ctx.hold
     if hold is None or hold.kind != "credits" or hold.settled:
         return
     charge, cost = charge_for(ctx)
-    charged = await ledger.settle(ctx.request.app[STORE], hold.call_id, charge)
+    eligible = allowance.eligible(ctx, hold.input_tokens, pricing_output(ctx)) if hold.data.get("free") else 0
+    settled = await ledger.settle(ctx.request.app[STORE], hold.call_id, charge, eligible)
     hold.settled = True
-    ctx.charge_micro = charged if charged is not None else 0
+    ctx.charge_micro, free_use = settled if settled is not None else (0, 0)
     note = "charged from prepaid credits" if ctx.outcome != CLIENT_GONE else \
         "client disconnected: charged for the output relayed"
+    if free_use:
+        note = ("free: covered by the daily allowance" if ctx.charge_micro == 0 else
+                f"partly free: ${usd(free_use):.6f} from the daily allowance, the rest from credits")
     if ctx.outcome not in (OK, CLIENT_GONE):
         note = "call failed: not charged"
     ctx.billing = ctx.pricer.billing(ctx, ctx.charge_micro, cost, note)

@@ -30,41 +30,65 @@ async def credit(store: Store, account_id: int, amount_micro: int, kind: str = "
     return await store.transaction(_credit, account_id, amount_micro, kind, ref)
 
 
-def _reserve(conn, account_id: int, amount: int, call_id: str) -> bool:
+def _reserve(conn, account_id: int, amount: int, call_id: str, free=None) -> int | None:
+    """Hold `amount` for a call, taking up to `free.want` of it from the day's free allowance
+    first. -> micro taken from the allowance, or None (nothing changed) if credits are short."""
+    taken = 0
+    if free is not None and free.want > 0:
+        conn.execute("INSERT OR IGNORE INTO free_usage (account_id, day, used_micro) VALUES (?, ?, 0)",
+                     (account_id, free.day))
+        used = conn.execute("SELECT used_micro FROM free_usage WHERE account_id = ? AND day = ?",
+                            (account_id, free.day)).fetchone()[0]
+        taken = max(0, min(free.want, free.daily - used, amount))
+    credit = amount - taken
     cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro - ? "
-                       "WHERE id = ? AND balance_micro >= ?", (amount, account_id, amount))
+                       "WHERE id = ? AND balance_micro >= ?", (credit, account_id, credit))
     if cur.rowcount != 1:
-        return False
-    conn.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) VALUES (?,?,?,?,?)",
-                 (account_id, -amount, "hold", call_id, now()))
-    conn.execute("INSERT INTO holds (call_id, account_id, amount_micro, status, created_at) "
-                 "VALUES (?,?,?,'open',?)", (call_id, account_id, amount, now()))
-    return True
+        return None
+    if taken:
+        conn.execute("UPDATE free_usage SET used_micro = used_micro + ? WHERE account_id = ? AND day = ?",
+                     (taken, account_id, free.day))
+    if credit:
+        conn.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) VALUES (?,?,?,?,?)",
+                     (account_id, -credit, "hold", call_id, now()))
+    conn.execute("INSERT INTO holds (call_id, account_id, amount_micro, free_micro, free_day, status, created_at) "
+                 "VALUES (?,?,?,?,?,'open',?)", (call_id, account_id, credit, taken, free.day if free else None,
+                                                 now()))
+    return taken
 
 
-async def reserve(store: Store, account_id: int, amount_micro: int, call_id: str) -> bool:
-    """Hold `amount_micro` for a call; False (nothing changed) when the balance is short."""
-    return await store.transaction(_reserve, account_id, amount_micro, call_id)
+async def reserve(store: Store, account_id: int, amount_micro: int, call_id: str, free=None) -> int | None:
+    """Hold `amount_micro` for a call (the allowance part first, see `_reserve`)."""
+    return await store.transaction(_reserve, account_id, amount_micro, call_id, free)
 
 
-def _settle(conn, call_id: str, charge: int) -> int | None:
-    row = conn.execute("SELECT account_id, amount_micro FROM holds WHERE call_id = ? AND status = 'open'",
-                       (call_id,)).fetchone()
+def _settle(conn, call_id: str, charge: int, free_eligible: int = 0) -> tuple[int, int] | None:
+    row = conn.execute("SELECT account_id, amount_micro, free_micro, free_day FROM holds "
+                       "WHERE call_id = ? AND status = 'open'", (call_id,)).fetchone()
     if row is None:
         return None                     # already settled: settling twice is a no-op
-    account_id, held = row
-    charge = max(0, min(charge, held))  # never more than was held
+    account_id, held, free_held, day = row
+    charge = max(0, min(charge, held + free_held))
+    # The allowance pays the eligible part first, and always whatever the credit hold
+    # cannot cover, so no rounding can drop part of a charge.
+    free_use = min(free_held, charge, max(free_eligible, charge - held))
+    charge -= free_use
+    if free_held > free_use:            # give back the allowance the call did not use
+        conn.execute("UPDATE free_usage SET used_micro = used_micro - ? WHERE account_id = ? AND day = ?",
+                     (free_held - free_use, account_id, day))
     if held > charge:
         _entry(conn, account_id, held - charge, "release", call_id)
-    conn.execute("UPDATE holds SET status = 'settled', charge_micro = ?, settled_at = ? WHERE call_id = ?",
-                 (charge, now(), call_id))
-    return charge
+    conn.execute("UPDATE holds SET status = 'settled', charge_micro = ?, free_micro = ?, settled_at = ? "
+                 "WHERE call_id = ?", (charge, free_use, now(), call_id))
+    return charge, free_use
 
 
-async def settle(store: Store, call_id: str, charge_micro: int) -> int | None:
-    """Charge `charge_micro` of a call's hold and refund the rest, once. Returns the charge
-    (capped at the hold), or None if the hold was already settled."""
-    return await store.transaction(_settle, call_id, charge_micro)
+async def settle(store: Store, call_id: str, charge_micro: int, free_eligible_micro: int = 0) -> tuple[int, int] | None:
+    """Settle a call once: `charge_micro` in all, of which up to `free_eligible_micro` (and
+    never less than the credit hold cannot cover) comes from the allowance hold; refund
+    the rest of both. -> (charged to credits, used from the allowance), or None if already
+    settled."""
+    return await store.transaction(_settle, call_id, charge_micro, free_eligible_micro)
 
 
 def _release_open(conn) -> int:

@@ -46,6 +46,12 @@ def billed_output(ctx: CallContext) -> int:
     return min(out, ctx.hold.output_cap) if ctx.hold else out
 
 
+def with_route_notes(ctx: CallContext, note: str) -> str:
+    """The billing note, followed by how the call was routed (svc/free, svc/smart)."""
+    notes = ctx.route.notes if ctx.route else []
+    return "; ".join([note, *notes])
+
+
 def billing_block(ctx: CallContext, charged_micro: int, usage_micro: int, note: str) -> dict:
     """The `billing` object of a chat response (SPEC section 2)."""
     model = ctx.route.model
@@ -60,7 +66,7 @@ def billing_block(ctx: CallContext, charged_micro: int, usage_micro: int, note: 
         "usd": usd(charged_micro),
         "usage_usd": usd(usage_micro),
         "quote_usd": usd(hold.amount_micro),
-        "note": note,
+        "note": with_route_notes(ctx, note),
     }
     if ctx.route.is_alias:
         block["requested_model"] = ctx.route.requested_model

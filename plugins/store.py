@@ -65,9 +65,22 @@ CREATE INDEX holds_open ON holds(status) WHERE status = 'open';
 """
 
 
+FREE_SCHEMA = """
+CREATE TABLE free_usage (
+    account_id INTEGER NOT NULL REFERENCES accounts(id),
+    day TEXT NOT NULL,                  -- UTC date
+    used_micro INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (account_id, day)
+);
+ALTER TABLE holds ADD COLUMN free_micro INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE holds ADD COLUMN free_day TEXT;
+"""
+
+
 @hookimpl
 def gateway_register_migrations(register):
     register("0001_core", CORE_SCHEMA)
+    register("0002_free_allowance", FREE_SCHEMA)
 
 
 class Store:

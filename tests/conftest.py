@@ -87,9 +87,12 @@ class Gateway:
 @pytest.fixture
 def start_gateway(aiohttp_server, write_config):
     """`await start_gateway(extra_yaml)` -> a running Gateway."""
-    async def start(extra: dict[str, Any] | None = None, **app_kw) -> Gateway:
+    async def start(extra: dict[str, Any] | None = None, before_start=None, **app_kw) -> Gateway:
         cfg = write_config(extra)
-        server = await aiohttp_server(create_app(cfg, **app_kw))
+        app = create_app(cfg, **app_kw)
+        if before_start:
+            before_start(app)          # e.g. install a clock the test controls
+        server = await aiohttp_server(app)
         return Gateway(server)
     return start
 

@@ -130,7 +130,7 @@ async def test_holds_left_by_a_crash_are_released_at_start(write_config, aiohttp
     first = await aiohttp_server(create_app(cfg))
     store = first.app[STORE]
     account, _ = await create_account(store, "crash", 5 * MICRO)
-    assert await ledger.reserve(store, account, 2 * MICRO, "call-in-flight")
+    assert await ledger.reserve(store, account, 2 * MICRO, "call-in-flight") == 0
     await first.close()                               # the process "dies" with the hold open
     second = await aiohttp_server(create_app(cfg))
     store = second.app[STORE]
@@ -140,9 +140,9 @@ async def test_holds_left_by_a_crash_are_released_at_start(write_config, aiohttp
 
 async def test_settle_is_idempotent(gw):
     account, _ = await create_account(gw.store, "x", 100)
-    assert await ledger.reserve(gw.store, account, 60, "c1")
-    assert not await ledger.reserve(gw.store, account, 41, "c2")      # 40 left: refused
-    assert await ledger.settle(gw.store, "c1", 25) == 25
+    assert await ledger.reserve(gw.store, account, 60, "c1") == 0      # nothing from an allowance
+    assert await ledger.reserve(gw.store, account, 41, "c2") is None   # 40 left: refused
+    assert await ledger.settle(gw.store, "c1", 25) == (25, 0)
     assert await ledger.settle(gw.store, "c1", 0) is None            # a second settle changes nothing
     assert await gw.balance(account) == 75 == await gw.ledger_sum(account)
 

@@ -130,6 +130,7 @@ class ClientFormat:
     max_input_chars: ClassVar[int] = 200_000
     pass_headers: ClassVar[tuple[str, ...]] = ()   # client headers a same-format upstream gets
     accepts_x402: ClassVar[bool] = False           # keyless callers may pay per call
+    allows_smart: ClassVar[bool] = True            # svc/smart may route its calls
 
     def parse(self, body: Any) -> ChatRequest:
         raise NotImplementedError

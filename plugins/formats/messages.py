@@ -142,6 +142,7 @@ class MessagesFormat(ClientFormat):
     key_required = True
     max_input_chars = 800_000
     pass_headers = ("anthropic-beta",)
+    allows_smart = False
 
     def parse(self, body: Any) -> ChatRequest:
         f = Fields(body)

@@ -129,8 +129,6 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
 def gateway_select_route(ctx: CallContext):
     if not isinstance(ctx.state.get("format"), MediaEndpoint):
         return None
-    if ctx.model_id == "svc/smart":
-        parse.no_smart_yet()
     return media_route(ctx, ctx.model_id)
 
 
@@ -243,7 +241,8 @@ def media_listing(app) -> dict[str, Any]:
         if m.note:
             entry["note"] = m.note
         models.append(entry)
-    return {"models": models, "smart": app[MEDIA].settings.get("smart") or {},
+    from plugins.router import ROUTER
+    return {"models": models, "smart": app[ROUTER].media,
             "how": "Images: price per image at the default quality and resolution, scaled by the listed "
                    "multiplier for other tiers; a call holds price x n and is charged for images produced. "
                    "Videos: price per second (or per video at the default length), scaled by length, resolution "

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 from config import usd
 from plugins.context import CallContext
+from plugins.pricing import with_route_notes
 from providers.media_types import ImageJob, VideoJob
 
 from .catalog import MediaModel
@@ -78,7 +79,27 @@ class MediaPricer:
         block = {"model": self.model.id, "operation": self.job.operation,
                  ("images" if self.is_image else "jobs"): self.produced(ctx) if ctx.outcome == "ok" else 0,
                  "usd": usd(charged), "usage_usd": usd(usage), "quote_usd": usd(self.hold),
-                 "list_usd": usd(self.list_total), "note": note}
+                 "list_usd": usd(self.list_total), "note": with_route_notes(ctx, note)}
         if ctx.route and ctx.route.is_alias:
             block["requested_model"] = ctx.route.requested_model
         return block
+
+    def free_part(self, tier: dict) -> int:
+        """The price a keyed call will be charged if the job fits the model's `free_tier`,
+        else 0. A tier lists limits (operations, max_n, quality, resolution,
+        max_duration_seconds); a limit it does not list is no limit."""
+        job, model = self.job, self.model
+
+        def chosen(option, value):
+            return value or (option.default if option else None)
+        checks = [job.operation in tier.get("operations", [job.operation]),
+                  chosen(model.resolution, job.resolution) in tier.get("resolution",
+                                                                       [chosen(model.resolution, job.resolution)])]
+        if self.is_image:
+            checks += [job.n <= int(tier.get("max_n", job.n)),
+                       chosen(model.quality, job.quality) in tier.get("quality", [chosen(model.quality, job.quality)])]
+        else:
+            checks.append(job.duration <= float(tier.get("max_duration_seconds", job.duration)))
+        if not all(checks):
+            return 0
+        return self.unit * job.n if self.is_image else self.unit

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugins.errors import bad_request
 from plugins.formats.base import Fields
 from providers.media_types import ImageJob, VideoJob
 
@@ -107,6 +106,3 @@ def video_job(f: Fields, prompt: str, model: MediaModel) -> VideoJob:
                     aspect_ratio=_choice(f, "aspect_ratio", model.aspect_ratios, model),
                     audio=model.audio_default if audio is None and model.audio_default is not None else audio)
 
-
-def no_smart_yet() -> None:
-    raise bad_request("svc/smart is not configured for media on this gateway", param="model")

@@ -1,0 +1,120 @@
+"""The daily free allowance and svc/free.
+
+Every account with a key gets `free.daily_allowance_usd` each UTC day. Eligible calls use
+it before credits: models in `free.models` fully; models in `free.frontier.models` for
+their input plus output up to `free.frontier.output_cap` tokens (output beyond the cap is
+charged); media models within their `free_tier`. svc/smart never uses it. The allowance
+is held at reserve time in the same transaction as the credits, so two calls at once can
+never both spend the last of it.
+
+svc/free answers with the day's featured model: `free.featured[days since epoch % n]`,
+rotating at midnight UTC.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from aiohttp import web
+
+from config import MICRO, usd
+
+from . import hookimpl
+from .appstate import STORE
+from .context import CallContext
+
+FREE = web.AppKey("free", object)
+CLOCK = web.AppKey("clock", object)      # tests replace it to cross day boundaries
+FREE_ID, SMART_ID = "svc/free", "svc/smart"
+
+
+@dataclass
+class FreeSettings:
+    daily_micro: int = 0
+    models: set[str] = field(default_factory=set)
+    frontier: set[str] = field(default_factory=set)
+    output_cap: int = 0
+    featured: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FreeAsk:
+    """What a reserve asks of the allowance: up to `want` micro-USD on `day`."""
+    day: str
+    want: int
+    daily: int
+
+
+def now(app) -> float:
+    return app.get(CLOCK, time.time)()
+
+
+def today(app) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(now(app)))
+
+
+@hookimpl
+def gateway_configure(app, config):
+    raw = config.section("free")
+    frontier = raw.get("frontier") or {}
+    app[FREE] = FreeSettings(daily_micro=int(Decimal(str(raw.get("daily_allowance_usd", 0))) * MICRO),
+                             models=set(raw.get("models") or []), frontier=set(frontier.get("models") or []),
+                             output_cap=int(frontier.get("output_cap", 0)), featured=list(raw.get("featured") or []))
+
+
+def featured_today(app) -> str | None:
+    featured = app[FREE].featured
+    return featured[int(now(app) // 86400) % len(featured)] if featured else None
+
+
+def eligible(ctx: CallContext, input_tokens: int, output_tokens: int) -> int:
+    """The part of a call's price the allowance may cover (micro-USD)."""
+    settings: FreeSettings = ctx.request.app[FREE]
+    if not settings.daily_micro or ctx.principal is None or ctx.route is None or \
+            ctx.route.requested_model == SMART_ID:
+        return 0
+    from .pricing import token_cost
+    model = ctx.route.model
+    if ctx.chat is not None:
+        if model.id in settings.models:
+            return token_cost(model, input_tokens, output_tokens)
+        if model.id in settings.frontier:
+            return token_cost(model, input_tokens, min(output_tokens, settings.output_cap))
+        return 0
+    tier = getattr(model, "free_tier", None)
+    return ctx.pricer.free_part(tier) if tier else 0
+
+
+def ask(ctx: CallContext, input_tokens: int, output_cap: int) -> FreeAsk | None:
+    want = eligible(ctx, input_tokens, output_cap)
+    if not want:
+        return None
+    app = ctx.request.app
+    return FreeAsk(day=today(app), want=want, daily=app[FREE].daily_micro)
+
+
+async def left(app, account_id: int) -> int:
+    row = await app[STORE].fetchone("SELECT used_micro FROM free_usage WHERE account_id = ? AND day = ?",
+                                    (account_id, today(app)))
+    return max(0, app[FREE].daily_micro - (row[0] if row else 0))
+
+
+@hookimpl
+async def gateway_account_info(app, principal):
+    return {"free_allowance_left_usd": usd(await left(app, principal.account_id)),
+            "free_allowance_daily_usd": usd(app[FREE].daily_micro)}
+
+
+@hookimpl(tryfirst=True)
+def gateway_select_route(ctx: CallContext):
+    if ctx.chat is None or ctx.model_id != FREE_ID:
+        return None
+    from .routing import route_to
+    model = featured_today(ctx.request.app)
+    if model is None:
+        from .errors import bad_request
+        raise bad_request("svc/free is not configured on this gateway", param="model")
+    route = route_to(ctx, model, requested=FREE_ID)
+    route.notes.append(f"svc/free is {model} today (UTC)")
+    return route
