@@ -23,7 +23,7 @@ OUTPUT_TOKENS = {"easy": 150, "medium": 400, "hard": 800, "frontier": 1500}
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "bench" / "router_prompts.jsonl"
 
 
-def evaluate(prompts: list[dict], tiers: dict[str, config_mod.ChatModel]) -> dict:
+def evaluate(prompts: list[dict], tiers: dict[str, config_mod.ChatModel], *, split: bool = True) -> dict:
     confusion = {t: {p: 0 for p in DIFFICULTIES} for t in DIFFICULTIES}
     costs = {"smart": 0, "frontier": 0, "oracle": 0}
     under = 0
@@ -36,7 +36,8 @@ def evaluate(prompts: list[dict], tiers: dict[str, config_mod.ChatModel]) -> dic
             costs[name] += token_cost(tiers[tier], tokens_in, tokens_out)
     total = len(prompts)
     correct = sum(confusion[t][t] for t in DIFFICULTIES)
-    return {"total": total, "accuracy": correct / total, "within_one": sum(
+    holdout = [p for p in prompts if p["id"][1:].isdigit() and int(p["id"][1:]) % 2 == 0]
+    return {"holdout": evaluate(holdout, tiers, split=False) if split and holdout else None, "total": total, "accuracy": correct / total, "within_one": sum(
         confusion[t][p] for t in DIFFICULTIES for p in DIFFICULTIES
         if abs(DIFFICULTIES.index(t) - DIFFICULTIES.index(p)) <= 1) / total,
         "under_routed": under / total, "confusion": confusion, "costs": costs}
@@ -45,8 +46,12 @@ def evaluate(prompts: list[dict], tiers: dict[str, config_mod.ChatModel]) -> dic
 def report(result: dict, tiers: dict) -> str:
     c = result["costs"]
     lines = [f"Classifier: heuristic, {result['total']} labelled prompts",
-             "", f"| accuracy | within one tier | under-routed |", "|---|---|---|",
-             f"| {result['accuracy']:.1%} | {result['within_one']:.1%} | {result['under_routed']:.1%} |",
+             "", "| prompts | accuracy | within one tier | under-routed |", "|---|---|---|---|",
+             f"| all {result['total']} | {result['accuracy']:.1%} | {result['within_one']:.1%} | "
+             f"{result['under_routed']:.1%} |",
+             f"| held out ({result['holdout']['total']}, even ids; tuned on the odd) | "
+             f"{result['holdout']['accuracy']:.1%} | {result['holdout']['within_one']:.1%} | "
+             f"{result['holdout']['under_routed']:.1%} |",
              "", "| label \\ routed to | " + " | ".join(DIFFICULTIES) + " |", "|---" * 5 + "|"]
     for t in DIFFICULTIES:
         lines.append(f"| {t} | " + " | ".join(str(result["confusion"][t][p]) for p in DIFFICULTIES) + " |")

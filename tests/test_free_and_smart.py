@@ -237,3 +237,21 @@ async def test_smart_media_tiers(start_gateway, tmp_path):
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{gw.url}/api/v1/media/models") as r:
             assert (await r.json())["smart"] == SMART_MEDIA
+
+
+def test_router_eval_reports_accuracy_and_cost(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "e001", "tier": "easy", "prompt": "hi"},
+            {"id": "f002", "tier": "frontier", "prompt": "Prove rigorously the conjecture for all integers n."}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    out = subprocess.run([sys.executable, str(root / "gateway.py"), "router-eval", "--config",
+                          str(root / "docs/examples/smart-router.yaml"), "--prompts", str(prompts)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "| all 2 | 100.0% | 100.0% | 0.0% |" in out.stdout
+    assert "| always frontier |" in out.stdout and "easy = google/gemini-2.5-flash-lite" in out.stdout
