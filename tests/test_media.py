@@ -278,3 +278,33 @@ async def test_a_plugin_can_store_artifacts(start_gateway):
     status, body, _ = await post(gw, "/api/v1/videos/generations", {"model": "demo/video", "prompt": "x"}, key)
     status, clip, _ = await get_bytes(gw, body["results"][0]["url"])
     assert status == 200 and duration_seconds(clip) == 1.0
+
+
+async def test_x402_pays_for_videos_at_list_price(start_gateway, aiohttp_server, tmp_path):
+    from eth_account import Account
+
+    from tests.fakes.facilitator import FakeFacilitator
+    from tests.test_x402 import chains, sign
+    facilitator = FakeFacilitator()
+    server = await aiohttp_server(facilitator.app)
+    gw = await start_gateway({"models": MEDIA, "media": {"artifacts": {"dir": str(tmp_path / "a")}},
+                              "payments": {"x402": {"facilitator": {"url": str(server.make_url(""))},
+                                                    "chains": chains("usdc")}}})
+    body = {"model": "demo/video", "prompt": "waves", "duration_seconds": 8}
+    status, challenge, _ = await post(gw, "/api/v1/videos/generations", body)
+    assert status == 402 and challenge["accepts"][0]["maxAmountRequired"] == "800000"   # list: 0.10/s x 8 s
+    status, out, _ = await post(gw, "/api/v1/videos/generations", body, headers=sign(Account.create(), amount=800_000))
+    assert status == 200 and out["billing"]["usd"] == 0.8 and len(facilitator.settled) == 1
+
+
+async def test_media_free_tier_uses_the_daily_allowance(start_gateway, tmp_path):
+    models = {"image": [{**MEDIA["image"][1], "free_tier": {"max_n": 1}}]}
+    gw = await start_gateway({"models": models, "media": {"artifacts": {"dir": str(tmp_path)}},
+                              "free": {"daily_allowance_usd": 0.02}})
+    key, account = await gw.key(1)
+    status, body, _ = await post(gw, "/api/v1/images/generations", {"model": "demo/image-basic", "prompt": "a"}, key)
+    assert status == 200 and body["billing"]["usd"] == 0 and body["billing"]["note"].startswith("free:")
+    status, body, _ = await post(gw, "/api/v1/images/generations",
+                                 {"model": "demo/image-basic", "prompt": "a", "n": 2}, key)       # outside the tier
+    assert status == 200 and body["billing"]["usd"] == 0.01
+    assert await gw.balance(account) == MICRO - 10_000 == await gw.ledger_sum(account)
