@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import secrets
 import sys
 
 import aiohttp
@@ -24,7 +23,7 @@ from plugins import acall_all, around, get_plugin_manager
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
-from plugins.context import CLIENT_GONE, FAILED, OK, CallContext
+from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import GatewayError
 from plugins.pipeline import finish, run_stages
 from plugins.pricing import CHAT as CHAT_PRICER
@@ -97,7 +96,7 @@ async def _background_tasks(app: web.Application):
 
 @web.middleware
 async def request_context(request: web.Request, handler):
-    request_id = request.headers.get("X-Request-Id") or secrets.token_hex(8)
+    request_id = request.headers.get("X-Request-Id") or new_id()
     request[REQUEST_ID] = request_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path)
@@ -146,7 +145,7 @@ def _chat_handler(fmt: ClientFormat):
 
 async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamResponse:
     pm = request.app[PM]
-    ctx = CallContext(request=request, endpoint=fmt.endpoint, call_id=secrets.token_hex(12))
+    ctx = CallContext(request=request, endpoint=fmt.endpoint, call_id=new_id())
     ctx.state["format"] = fmt
     try:
         ctx.chat = fmt.parse(await read_json(request))
@@ -263,6 +262,11 @@ def cmd_run(args) -> int:
     except config_mod.ConfigError as err:
         print(f"gateway: {err}", file=sys.stderr)
         return 2
+    try:
+        import uvloop              # a faster event loop, where installed
+        uvloop.install()
+    except ImportError:
+        pass
     log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
              providers=sorted(cfg.providers), chat_models=len(cfg.chat_models))
     web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,

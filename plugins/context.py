@@ -2,6 +2,8 @@
 the stages hand each other (who is calling, which model serves, what is held)."""
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,16 @@ if TYPE_CHECKING:
 
     from config import ChatModel
     from providers.base import Provider
+
+
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def new_id() -> str:
+    """A unique id without a system call per request: a random per-process prefix and a
+    counter (call ids key holds and usage rows, so they must not repeat across restarts)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 @dataclass(slots=True)

@@ -62,7 +62,7 @@ async def reserve(store: Store, account_id: int, amount_micro: int, call_id: str
     return await store.transaction(_reserve, account_id, amount_micro, call_id, free)
 
 
-def _settle(conn, call_id: str, charge: int, free_eligible: int = 0) -> tuple[int, int] | None:
+def _settle(conn, call_id: str, charge: int, free_eligible: int = 0, after=None) -> tuple[int, int] | None:
     row = conn.execute("SELECT account_id, amount_micro, free_micro, free_day FROM holds "
                        "WHERE call_id = ? AND status = 'open'", (call_id,)).fetchone()
     if row is None:
@@ -80,15 +80,18 @@ def _settle(conn, call_id: str, charge: int, free_eligible: int = 0) -> tuple[in
         _entry(conn, account_id, held - charge, "release", call_id)
     conn.execute("UPDATE holds SET status = 'settled', charge_micro = ?, free_micro = ?, settled_at = ? "
                  "WHERE call_id = ?", (charge, free_use, now(), call_id))
+    if after is not None:               # e.g. the usage row, in the same transaction
+        after(conn, charge, free_use)
     return charge, free_use
 
 
-async def settle(store: Store, call_id: str, charge_micro: int, free_eligible_micro: int = 0) -> tuple[int, int] | None:
+async def settle(store: Store, call_id: str, charge_micro: int, free_eligible_micro: int = 0,
+                 after=None) -> tuple[int, int] | None:
     """Settle a call once: `charge_micro` in all, of which up to `free_eligible_micro` (and
     never less than the credit hold cannot cover) comes from the allowance hold; refund
     the rest of both. -> (charged to credits, used from the allowance), or None if already
     settled."""
-    return await store.transaction(_settle, call_id, charge_micro, free_eligible_micro)
+    return await store.transaction(_settle, call_id, charge_micro, free_eligible_micro, after)
 
 
 def _release_open(conn) -> int:

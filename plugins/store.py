@@ -1,13 +1,19 @@
 """The SQLite store: one aiosqlite connection (WAL), numbered migrations that plugins add
-to, and whole transactions run as one function on the connection's own thread.
+to, and transactions as functions run on the connection's own thread, with group commit.
 
 Why functions and not statements: aiosqlite hops to its worker thread once per
-statement. A reserve or settle is several statements; running the whole transaction as
-one function costs one hop, and because the worker runs one function at a time, every
-transaction is atomic against every other without an asyncio lock.
+statement. A reserve or settle is several statements; running it as one function costs
+one hop, and because the worker runs one function at a time, each is atomic against
+every other without an asyncio lock.
+
+Group commit: every `transaction(fn)` joins the next batch. One hop runs the whole batch
+inside BEGIN ... COMMIT, each function in its own savepoint (so one failing function is
+rolled back alone), and every caller is answered after that commit: as durable as one
+transaction each, at a fraction of the cost under load.
 """
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from pathlib import Path
@@ -86,6 +92,8 @@ def gateway_register_migrations(register):
 class Store:
     def __init__(self, conn: aiosqlite.Connection):
         self._conn = conn
+        self._pending: list[tuple[Callable, tuple, asyncio.Future]] = []
+        self._flushing: asyncio.Task | None = None
 
     @classmethod
     async def open(cls, path: str, migrations: list[tuple[str, str]]) -> "Store":
@@ -97,6 +105,8 @@ class Store:
         return store
 
     async def close(self) -> None:
+        if self._flushing is not None:          # let the last batch commit first
+            await self._flushing
         await self._conn.close()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -105,8 +115,27 @@ class Store:
         return await self._conn._execute(fn, self._conn._conn, *args)
 
     async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` inside BEGIN IMMEDIATE ... COMMIT (rolled back if it raises)."""
-        return await self._conn._execute(_in_transaction, self._conn._conn, fn, args)
+        """Run `fn(conn, *args)` atomically in the next committed batch (rolled back alone if
+        it raises). Once queued it runs even if the caller is cancelled."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, args, future))
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await self._conn._execute(_run_batch, self._conn._conn, [(f, a) for f, a, _ in batch])
+                except BaseException as exc:      # the COMMIT itself failed: nobody's work stuck
+                    results = [(False, exc)] * len(batch)
+                for (_, _, future), (ok, value) in zip(batch, results):
+                    if not future.done():
+                        future.set_result(value) if ok else future.set_exception(value)
+        finally:
+            self._flushing = None
 
     async def fetchone(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
         return await self.call(lambda c: c.execute(sql, params).fetchone())
@@ -115,15 +144,24 @@ class Store:
         return await self.call(lambda c: c.execute(sql, params).fetchall())
 
 
-def _in_transaction(conn: sqlite3.Connection, fn, args):
+def _run_batch(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
     conn.execute("BEGIN IMMEDIATE")
+    results: list[tuple[bool, Any]] = []
     try:
-        result = fn(conn, *args)
+        for fn, args in ops:
+            conn.execute("SAVEPOINT op")
+            try:
+                results.append((True, fn(conn, *args)))
+                conn.execute("RELEASE op")
+            except Exception as exc:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                results.append((False, exc))
+        conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
-    return result
+    return results
 
 
 def _setup(conn: sqlite3.Connection, migrations: list[tuple[str, str]]) -> None:

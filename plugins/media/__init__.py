@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from aiohttp import web
 from config import usd
 from plugins import around, hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
-from plugins.context import OK, CallContext, Route
+from plugins.context import OK, CallContext, Route, new_id
 from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
 from plugins.pipeline import finish, run_stages
@@ -135,7 +134,7 @@ def gateway_select_route(ctx: CallContext):
 # ---- the endpoints -----------------------------------------------------------------
 
 async def run_media(request: web.Request, endpoint: MediaEndpoint) -> web.StreamResponse:
-    ctx = CallContext(request=request, endpoint=endpoint.endpoint, call_id=secrets.token_hex(12))
+    ctx = CallContext(request=request, endpoint=endpoint.endpoint, call_id=new_id())
     ctx.state["format"] = endpoint
     try:
         f, ctx.model_id, prompt = parse.parse_common(await read_json(request))

@@ -1,0 +1,223 @@
+"""The benchmark, in one command: `.venv/bin/python bench/run.py [--seconds 5]`.
+
+Everything runs on loopback. The server under test (the null proxy, then the gateway) is
+pinned to core 0; the fake upstream and the load generators share core 1. Every figure
+is reported next to the null proxy's, measured in the same run, because absolute numbers
+drift on shared machines. The headline is CPU time per request of the server process,
+read from the kernel's process accounting over a fixed-length load.
+
+Lanes: (1) chat completions, JSON, with a key; (2) the same, streamed; (3) messages
+client to the OpenAI-format upstream (translation); (4) responses, streamed; (5) the 402
+challenge of a keyless call. Needs Debian's `wrk` (apt-get install wrk) and `taskset`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+TICK = os.sysconf("SC_CLK_TCK")
+SERVER_CORE, LOAD_CORE = "0", "1"
+
+MESSAGES = [{"role": "user", "content": "Say hello to the benchmark in one short sentence."}]
+BODIES = {
+    "chat": {"model": "bench/gpt", "max_tokens": 64, "messages": MESSAGES},
+    "chat_stream": {"model": "bench/gpt", "max_tokens": 64, "messages": MESSAGES, "stream": True},
+    "messages": {"model": "bench/gpt", "max_tokens": 64, "messages": MESSAGES},
+    "responses_stream": {"model": "bench/gpt", "max_output_tokens": 64, "input": MESSAGES[0]["content"],
+                         "stream": True},
+}
+LANES = [  # name, path, body, keyed, streaming
+    ("1 chat JSON, key", "/api/v1/chat/completions", "chat", True, False),
+    ("2 chat stream, key", "/api/v1/chat/completions", "chat_stream", True, True),
+    ("3 messages -> OpenAI upstream", "/api/v1/messages", "messages", True, False),
+    ("4 responses stream", "/api/v1/responses", "responses_stream", True, True),
+    ("5 x402 402 challenge", "/api/v1/chat/completions", "chat", False, False),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], core: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(["taskset", "-c", core, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+
+
+def wait_ready(url: str, body: bytes | None = None, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}),
+                                   timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK       # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def parse(out: str) -> dict:
+    line = next(l for l in out.splitlines() if l.startswith("BENCH_JSON "))
+    return json.loads(line[len("BENCH_JSON "):])
+
+
+def load(url: str, body: dict, key: str, concurrency: int, seconds: float, streaming: bool) -> dict:
+    if streaming:
+        cmd = [PY, str(HERE / "stream_client.py"), url, json.dumps(body), key, str(concurrency), str(seconds)]
+        out = subprocess.run(["taskset", "-c", LOAD_CORE, *cmd], capture_output=True, text=True, check=True).stdout
+        return parse(out)
+    env = {**os.environ, "BENCH_BODY": json.dumps(body), "BENCH_KEY": key}
+    cmd = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
+           "-s", str(HERE / "post.lua"), url]
+    result = parse(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout)
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    return result
+
+
+def measured(pid: int, fn) -> dict:
+    before = cpu_seconds(pid)
+    result = fn()
+    result["cpu_ms"] = (cpu_seconds(pid) - before) * 1000 / max(1, result["requests"])
+    return result
+
+
+def gateway_config(directory: Path, upstream: int) -> Path:
+    cfg = {"storage": f"sqlite:///{directory / 'bench.db'}",
+           "providers": {"up": {"type": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1", "api_key": "bench"}},
+           "models": {"chat": [{"id": "bench/gpt", "provider": "up", "upstream": "gpt-4o-mini",
+                                "list_input_usd_per_mtok": 0.15, "list_output_usd_per_mtok": 0.6}]},
+           "limits": {"per_key": {"rpm": 10 ** 9, "tpm": 10 ** 12}, "per_address": {"rpm": 10 ** 9}},
+           "moderation": {"rules": [{"category": "example", "patterns": ["(?i)\\bexample banned phrase\\b"]}]},
+           "payments": {"x402": {"facilitator": {"url": "http://127.0.0.1:9"}, "chains": [
+               {"type": "evm", "network": "eip155:8453", "pay_to": "0x" + "ab" * 20,
+                "assets": [{"symbol": "USDC", "address": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+                            "decimals": 6, "eip712": {"name": "USD Coin", "version": "2"}}]}]}}}
+    path = directory / "bench.yaml"
+    path.write_text(json.dumps(cfg))          # JSON is YAML
+    return path
+
+
+def run_lanes(base: str, pid: int, key: str, lanes, levels, seconds: float) -> dict:
+    results = {}
+    for name, path, body, keyed, streaming in lanes:
+        for c in levels:
+            load(base + path, BODIES[body], key if keyed else "", c, min(1.0, seconds), streaming)   # warm-up
+            r = measured(pid, lambda: load(base + path, BODIES[body], key if keyed else "", c, seconds, streaming))
+            if streaming:     # for streams, latency means time to first byte
+                r.update(rps=r["requests"] / seconds, p50_us=r["ttfb_p50_ms"] * 1000, p99_us=None)
+            results[(name, c)] = r
+            print(f"  {name} c={c}: {results[(name, c)]}", file=sys.stderr)
+    return results
+
+
+def soak(base: str, pid: int, key: str, total: int) -> tuple[float, float, int]:
+    load(base + "/api/v1/chat/completions", BODIES["chat"], key, 50, 3, False)      # warm-up
+    before, done = rss_mb(pid), 0
+    while done < total:
+        done += load(base + "/api/v1/chat/completions", BODIES["chat"], key, 50, 10, False)["requests"]
+    return before, rss_mb(pid), done
+
+
+def table(null: dict, gw: dict, levels, soaked) -> str:
+    out = ["| lane | c | gateway req/s | ÷ null | gateway CPU ms/req | ÷ null | p50 ms (streams: first byte) | "
+           "+p50 vs null ms | p99 ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, *_ in LANES:
+        for c in levels:
+            g = gw.get((name, c))
+            if not g:
+                continue
+            base_name = LANES[1][0] if "stream" in name else LANES[0][0]
+            n = null.get((base_name, c))
+            ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
+            p99 = f"{g['p99_us'] / 1000:.2f}" if g["p99_us"] is not None else "-"
+            if n:
+                out.append(f"| {name} | {c} | {g['rps']:.0f} | {ratio(g['rps'], n['rps'])} | {g['cpu_ms']:.3f} | "
+                           f"{ratio(g['cpu_ms'], n['cpu_ms'])} | {g['p50_us'] / 1000:.2f} | "
+                           f"{(g['p50_us'] - n['p50_us']) / 1000:+.2f} | {p99} |")
+            else:
+                out.append(f"| {name} | {c} | {g['rps']:.0f} | - | {g['cpu_ms']:.3f} | - | "
+                           f"{g['p50_us'] / 1000:.2f} | - | {p99} |")
+    before, after, done = soaked
+    out.append("")
+    out.append(f"RSS over {done:,} requests (lane 1, c=50, after warm-up): {before:.1f} MB -> {after:.1f} MB "
+               f"({(after - before) / before:+.1%})")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=5, help="length of each measured run")
+    p.add_argument("--levels", default="1,50,200", help="concurrency levels")
+    p.add_argument("--soak", type=int, default=100_000, help="requests for the memory soak (0 to skip)")
+    p.add_argument("--lanes", default="1,2,3,4,5", help="which lanes to run")
+    args = p.parse_args()
+    if not shutil.which("wrk") or not shutil.which("taskset"):
+        print("bench: needs wrk and taskset (Debian: apt-get install wrk util-linux)", file=sys.stderr)
+        return 2
+    levels = [int(x) for x in args.levels.split(",")]
+    chosen = [lane for lane in LANES if lane[0].split()[0] in args.lanes.split(",")]
+    # streaming lanes measure each request from the stream client's side; keep `seconds` for rates
+    procs: list[subprocess.Popen] = []
+    try:
+        up = free_port()
+        procs.append(start([PY, str(HERE / "fake_upstream.py"), "--port", str(up), "--chunks", "20"], LOAD_CORE))
+        wait_ready(f"http://127.0.0.1:{up}/v1/chat/completions", b"{}")
+
+        print("null proxy", file=sys.stderr)
+        np_port = free_port()
+        null_proc = start([PY, str(HERE / "null_proxy.py"), "--port", str(np_port),
+                           "--upstream", f"http://127.0.0.1:{up}/v1/chat/completions"], SERVER_CORE)
+        procs.append(null_proc)
+        wait_ready(f"http://127.0.0.1:{np_port}/api/v1/chat/completions", b"{}")
+        null = run_lanes(f"http://127.0.0.1:{np_port}", null_proc.pid, "", LANES[:2], levels, args.seconds)
+        null_proc.terminate()
+
+        print("gateway", file=sys.stderr)
+        work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+        cfg = gateway_config(work, up)
+        key = subprocess.run([PY, str(ROOT / "gateway.py"), "keys", "create", "--config", str(cfg),
+                              "--credits", "1000000"], capture_output=True, text=True, check=True).stdout.split()[-1]
+        gw_port = free_port()
+        gw_proc = start([PY, str(ROOT / "gateway.py"), "run", "--config", str(cfg), "--port", str(gw_port)],
+                        SERVER_CORE, cwd=work)
+        procs.append(gw_proc)
+        wait_ready(f"http://127.0.0.1:{gw_port}/api/v1/models")
+        gw = run_lanes(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, chosen, levels, args.seconds)
+        soaked = soak(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
+    finally:
+        for proc in procs:
+            proc.terminate()
+    print(table(null, gw, levels, soaked))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
