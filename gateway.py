@@ -29,7 +29,9 @@ from plugins.pipeline import finish, run_stages
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
 from plugins.store import Store, collect_migrations
-from providers.types import ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input
+from providers.types import (
+    Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
+)
 
 log = structlog.get_logger("gateway")
 
@@ -184,6 +186,8 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     resp = web.StreamResponse(headers={**SSE_HEADERS, **ctx.response_headers})
     await resp.prepare(request)
     ctx.status = 200
+    gather = ctx.route.provider.emits_flush    # else write every event at once
+    pending: list[bytes] = []
     ev = first
     try:
         while True:
@@ -196,25 +200,29 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 ctx.output_chars += len(ev.text if isinstance(ev, TextDelta) else ev.arguments)
             elif isinstance(ev, ReasoningDelta):
                 ctx.output_chars += len(ev.text)
-            chunk = writer.event(ev)
-            if chunk:
-                await resp.write(chunk)
-            if isinstance(ev, StreamEnd):
+            if not isinstance(ev, Flush):
+                chunk = writer.event(ev)
+                if chunk:
+                    pending.append(chunk)
+            if pending and (isinstance(ev, (Flush, StreamEnd)) or not gather):
+                await resp.write(b"".join(pending))
+                pending.clear()
+            try:
+                ev = await events.__anext__()
+            except StopAsyncIteration:
+                if ctx.outcome != OK:
+                    raise GatewayError(502, f"{ctx.route.provider.name} ended the stream early") from None
                 break
-            ev = await events.__anext__()
+        if pending:                              # what followed the end (a same-format upstream's last frame)
+            await resp.write(b"".join(pending))
     except GatewayError as err:                 # upstream failed mid-stream: never charged
         ctx.outcome, ctx.error = FAILED, err.message
         await finish(ctx)
         log.warning("stream_failed", error=err.message)
         try:
-            await resp.write(writer.error(err))
+            await resp.write(b"".join(pending) + writer.error(err))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
-    except StopAsyncIteration:
-        err = GatewayError(502, f"{ctx.route.provider.name} ended the stream early")
-        ctx.outcome, ctx.error = FAILED, err.message
-        await finish(ctx)
-        await resp.write(writer.error(err))
     except (ConnectionResetError, asyncio.CancelledError):
         if ctx.outcome != OK:
             ctx.outcome = CLIENT_GONE           # charge what was produced, release the rest
@@ -233,9 +241,10 @@ def configure_logging(level: str = "info", json_logs: bool | None = None) -> Non
         json_logs = not sys.stderr.isatty()
     renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o).decode()) \
         if json_logs else structlog.dev.ConsoleRenderer()
+    # JSON logs carry a Unix timestamp (cheap on every call); a terminal gets ISO time.
+    stamper = structlog.processors.TimeStamper(fmt=None if json_logs else "iso", utc=True)
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, stamper,
                     structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),

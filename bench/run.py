@@ -29,6 +29,7 @@ ROOT = HERE.parent
 PY = sys.executable
 TICK = os.sysconf("SC_CLK_TCK")
 SERVER_CORE, LOAD_CORE = "0", "1"
+GAP_SECONDS = 0.01        # the slow upstream's pause between chunks, for the relay check
 
 MESSAGES = [{"role": "user", "content": "Say hello to the benchmark in one short sentence."}]
 BODIES = {
@@ -108,11 +109,14 @@ def measured(pid: int, fn) -> dict:
     return result
 
 
-def gateway_config(directory: Path, upstream: int) -> Path:
+def gateway_config(directory: Path, upstream: int, slow: int | None = None) -> Path:
+    price = {"list_input_usd_per_mtok": 0.15, "list_output_usd_per_mtok": 0.6}
     cfg = {"storage": f"sqlite:///{directory / 'bench.db'}",
-           "providers": {"up": {"type": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1", "api_key": "bench"}},
-           "models": {"chat": [{"id": "bench/gpt", "provider": "up", "upstream": "gpt-4o-mini",
-                                "list_input_usd_per_mtok": 0.15, "list_output_usd_per_mtok": 0.6}]},
+           "providers": {"up": {"type": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1", "api_key": "bench"},
+                         "slow": {"type": "openai", "base_url": f"http://127.0.0.1:{slow or upstream}/v1",
+                                  "api_key": "bench"}},
+           "models": {"chat": [{"id": "bench/gpt", "provider": "up", "upstream": "gpt-4o-mini", **price},
+                               {"id": "bench/slow", "provider": "slow", "upstream": "gpt-4o-mini", **price}]},
            "limits": {"per_key": {"rpm": 10 ** 9, "tpm": 10 ** 12}, "per_address": {"rpm": 10 ** 9}},
            "moderation": {"rules": [{"category": "example", "patterns": ["(?i)\\bexample banned phrase\\b"]}]},
            "payments": {"x402": {"facilitator": {"url": "http://127.0.0.1:9"}, "chains": [
@@ -149,12 +153,12 @@ def table(null: dict, gw: dict, levels, soaked) -> str:
     out = ["| lane | c | gateway req/s | ÷ null | gateway CPU ms/req | ÷ null | p50 ms (streams: first byte) | "
            "+p50 vs null ms | p99 ms |",
            "|---|---|---|---|---|---|---|---|---|"]
-    for name, *_ in LANES:
+    for name, _, _, _, streaming in LANES:
         for c in levels:
             g = gw.get((name, c))
             if not g:
                 continue
-            base_name = LANES[1][0] if "stream" in name else LANES[0][0]
+            base_name = LANES[1][0] if streaming else LANES[0][0]
             n = null.get((base_name, c))
             ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
             p99 = f"{g['p99_us'] / 1000:.2f}" if g["p99_us"] is not None else "-"
@@ -187,9 +191,12 @@ def main() -> int:
     # streaming lanes measure each request from the stream client's side; keep `seconds` for rates
     procs: list[subprocess.Popen] = []
     try:
-        up = free_port()
+        up, slow = free_port(), free_port()
         procs.append(start([PY, str(HERE / "fake_upstream.py"), "--port", str(up), "--chunks", "20"], LOAD_CORE))
+        procs.append(start([PY, str(HERE / "fake_upstream.py"), "--port", str(slow), "--chunks", "10",
+                            "--delay", str(GAP_SECONDS)], LOAD_CORE))
         wait_ready(f"http://127.0.0.1:{up}/v1/chat/completions", b"{}")
+        wait_ready(f"http://127.0.0.1:{slow}/v1/chat/completions", b"{}")
 
         print("null proxy", file=sys.stderr)
         np_port = free_port()
@@ -202,7 +209,7 @@ def main() -> int:
 
         print("gateway", file=sys.stderr)
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-        cfg = gateway_config(work, up)
+        cfg = gateway_config(work, up, slow)
         key = subprocess.run([PY, str(ROOT / "gateway.py"), "keys", "create", "--config", str(cfg),
                               "--credits", "1000000"], capture_output=True, text=True, check=True).stdout.split()[-1]
         gw_port = free_port()
@@ -211,11 +218,16 @@ def main() -> int:
         procs.append(gw_proc)
         wait_ready(f"http://127.0.0.1:{gw_port}/api/v1/models")
         gw = run_lanes(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, chosen, levels, args.seconds)
+        relay = load(f"http://127.0.0.1:{gw_port}/api/v1/chat/completions",
+                     {**BODIES["chat_stream"], "model": "bench/slow"}, key, 1, 3, True)
         soaked = soak(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
     finally:
         for proc in procs:
             proc.terminate()
     print(table(null, gw, levels, soaked))
+    print(f"Chunk relay: upstream sends a chunk every {GAP_SECONDS * 1000:.0f} ms; the client saw a median gap of "
+          f"{relay['gap_p50_ms']:.1f} ms between reads (buffering would show ~0 ms gaps and a late first byte: "
+          f"first byte at {relay['ttfb_p50_ms']:.1f} ms, whole stream at {relay['total_p50_ms']:.1f} ms)")
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -125,13 +124,24 @@ def check_async_safe(pm: pluggy.PluginManager) -> None:
 
 
 def _impls(hook) -> list:
-    # pluggy's call order: tryfirst, then plain impls latest-registered first, then trylast.
-    return list(reversed(hook.get_hookimpls()))
+    """pluggy's call order (tryfirst, then the latest registered, then trylast), as
+    (function, argument names) pairs; cached until the registered impls change."""
+    current = hook._hookimpls              # pluggy's own list: read, never copied, on the hot path
+    cached = _ORDER.get(hook)
+    if cached is None or cached[0] != len(current):
+        cached = _ORDER[hook] = (len(current), [(i.function, tuple(i.argnames)) for i in reversed(current)])
+    return cached[1]
+
+
+_ORDER: dict = {}      # hook caller -> (impl count, ordered (function, argnames)); plugins register at start
 
 
 async def _call(impl, kw: dict[str, Any]):
-    res = impl.function(*[kw[a] for a in impl.argnames])
-    return await res if inspect.isawaitable(res) else res
+    function, argnames = impl
+    res = function(*[kw[a] for a in argnames])
+    if res is None or not hasattr(res, "__await__"):
+        return res
+    return await res
 
 
 async def acall_first(hook, **kw):

@@ -12,6 +12,7 @@ timeouts, status mapping and SSE framing. A new upstream overrides only what dif
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 
 import aiohttp
@@ -19,7 +20,7 @@ import orjson
 
 from plugins.errors import GatewayError, bad_request
 
-from .types import ChatRequest, ChatResponse, OtherPart, StreamEvent
+from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEvent
 
 if TYPE_CHECKING:
     from config import ChatModel, ProviderConfig
@@ -57,6 +58,7 @@ class Provider:
     """What the pipeline needs from any provider, HTTP or not."""
 
     type_name: ClassVar[str] = ""
+    emits_flush: ClassVar[bool] = False   # True if its streams mark where to write (see Flush)
     wire_format: ClassVar[str] = ""   # client format spoken natively, for pass-through
 
     def __init__(self, config: "ProviderConfig", http: aiohttp.ClientSession | None):
@@ -148,12 +150,17 @@ class HTTPProvider(Provider):
                 raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
             return self.parse_response(body, req)
 
+    emits_flush: ClassVar[bool] = True    # the relay may gather events until a Flush
+
     async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
         async with self._post(req, model) as resp:
             if resp.status != 200:
                 raise self._error(resp, await resp.read())
-            async for event in self.parse_stream(sse_events(resp.content, self.name), req):
+            reader = SSEReader(resp.content, self.name)
+            async for event in self.parse_stream(reader, req):
                 yield event
+                if reader.drained:        # all this read brought is out: the relay may write it
+                    yield FLUSH
 
     def _post(self, req: ChatRequest, model: "ChatModel"):
         self.refuse_foreign_parts(req)
@@ -193,32 +200,67 @@ class _Request:
             await self._cm.__aexit__(*exc)
 
 
-async def sse_events(content: aiohttp.StreamReader, provider: str) -> AsyncIterator[tuple[str, bytes]]:
+class SSEReader:
     """Server-sent events as (event name or "", data bytes), as soon as each arrives.
 
-    Handles LF and CRLF framing and multi-line data. A dropped connection or a read
-    timeout becomes an UpstreamError, never a silently shortened stream.
+    Reads whatever the socket delivers and splits complete events out of it (one await
+    per network read, not per line), with LF or CRLF framing and multi-line data.
+    `drained` says that every event of the last read has been handed out, which is when
+    the relay should write what it has gathered. A dropped connection or a read timeout
+    becomes an UpstreamError, never a silently shortened stream.
     """
+
+    def __init__(self, content: aiohttp.StreamReader, provider: str):
+        self.reads = content.iter_any().__aiter__()
+        self.provider = provider
+        self.buffer = b""
+        self.events: deque[tuple[str, bytes]] = deque()
+
+    @property
+    def drained(self) -> bool:
+        return not self.events
+
+    def __aiter__(self) -> "SSEReader":
+        return self
+
+    async def __anext__(self) -> tuple[str, bytes]:
+        while not self.events:
+            try:
+                data = await self.reads.__anext__()
+            except StopAsyncIteration:
+                self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
+                self.buffer = b""
+                if not self.events:
+                    raise
+                break
+            except asyncio.TimeoutError:
+                raise UpstreamError(502, f"{self.provider} stopped sending mid-stream", code="upstream_timeout") from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
+                                         f"{exc.__class__.__name__}") from None
+            self.buffer = self._split(self.buffer + data)
+        return self.events.popleft()
+
+    def _split(self, buffer: bytes) -> bytes:
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        while (end := buffer.find(b"\n\n")) >= 0:
+            event = _parse_block(buffer[:end])
+            if event is not None:
+                self.events.append(event)
+            buffer = buffer[end + 2:]
+        return buffer
+
+
+def _parse_block(block: bytes) -> tuple[str, bytes] | None:
     event, data = "", []
-    try:
-        async for raw in content:
-            line = raw.rstrip(b"\r\n")
-            if not line:
-                if data:
-                    yield event, b"\n".join(data)
-                event, data = "", []
-                continue
-            if line.startswith(b"data:"):
-                data.append(line[6:] if line[5:6] == b" " else line[5:])
-            elif line.startswith(b"event:"):
-                event = line[6:].strip().decode()
-            # comments (":") and other fields are ignored, as SSE requires
-    except asyncio.TimeoutError:
-        raise UpstreamError(502, f"{provider} stopped sending mid-stream", code="upstream_timeout") from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError(502, f"{provider} connection broke mid-stream: {exc.__class__.__name__}") from None
-    if data:
-        yield event, b"\n".join(data)
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            event = line[6:].strip().decode()
+        # comments (":") and other fields are ignored, as SSE requires
+    return (event, b"\n".join(data)) if data else None
 
 
 def loads_event(provider: str, data: bytes) -> dict[str, Any]:

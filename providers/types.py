@@ -217,7 +217,16 @@ class RawFrame:
     data: bytes
 
 
-StreamEvent = Union[StreamStart, TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd, RawFrame]
+@dataclass(slots=True)
+class Flush:
+    """Everything the upstream sent in one network read has been yielded: a good moment
+    to write. Relays gather events between flushes, so chunks that arrived together leave
+    together and nothing waits for more input."""
+
+
+FLUSH = Flush()
+
+StreamEvent = Union[StreamStart, TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd, RawFrame, Flush]
 
 
 def estimate_tokens(chars: int) -> int:
