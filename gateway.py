@@ -25,7 +25,7 @@ from plugins.appstate import (
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import GatewayError
-from plugins.pipeline import finish, run_stages
+from plugins.pipeline import finish, run_stages, succeeded, upstream_call
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
 from plugins.store import Store, collect_migrations
@@ -156,19 +156,14 @@ async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamRespons
         ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
         async with around(pm, ctx):
             await run_stages(ctx)
-            try:
+            async with upstream_call(ctx):
                 if ctx.chat.stream:
                     return await relay_stream(request, ctx, fmt)
                 answer = await ctx.route.provider.complete(ctx.chat, ctx.route.model)
-                ctx.usage, ctx.outcome, ctx.status = answer.usage, OK, 200
+                ctx.usage = answer.usage
                 ctx.output_chars = len(answer.text()) + sum(len(c.arguments) for c in answer.tool_calls())
-                await finish(ctx)
+                await succeeded(ctx)
                 return json_response(fmt.render(answer, ctx), headers=ctx.response_headers)
-            except GatewayError as err:
-                ctx.status, ctx.error = err.status, err.message
-                raise
-            finally:
-                await finish(ctx)
     except GatewayError as err:
         log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
         return fmt.error_response(err)

@@ -5,13 +5,14 @@ both run their calls through here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import structlog
 
 from . import acall_all, acall_first
 from .appstate import PM, spawn
-from .context import CallContext
+from .context import OK, CallContext
 from .errors import GatewayError, bad_request
 
 log = structlog.get_logger("gateway")
@@ -29,6 +30,25 @@ async def run_stages(ctx: CallContext) -> None:
     ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
     if ctx.hold is None:
         raise GatewayError(402, "this call cannot be paid for: send an API key")
+
+
+@contextlib.asynccontextmanager
+async def upstream_call(ctx: CallContext):
+    """Around the provider call: a GatewayError is recorded on the call, and the call is
+    settled exactly once however it ends (success, failure, or a client that left)."""
+    try:
+        yield
+    except GatewayError as err:
+        ctx.status, ctx.error = err.status, err.message
+        raise
+    finally:
+        await finish(ctx)
+
+
+async def succeeded(ctx: CallContext) -> None:
+    """The work is done: settle now, so the response can carry its billing."""
+    ctx.outcome, ctx.status = OK, 200
+    await finish(ctx)
 
 
 async def finish(ctx: CallContext) -> None:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from plugins.context import CallContext
 from plugins.errors import GatewayError, bad_request
-from providers.types import ChatRequest, ChatResponse, StreamEvent
+from providers.types import ChatRequest, ChatResponse, StreamEvent, ToolChoice
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -110,6 +110,21 @@ class Fields:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
         raise self.fail(name, "must be a string or an array of strings")
+
+
+def parallel_flag(f: Fields) -> bool | None:
+    """`parallel_tool_calls`, checked: None when absent."""
+    parallel = f.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise f.fail("parallel_tool_calls", "must be true or false")
+    return parallel
+
+
+def named_tool(f: Fields, param: str, name, tools: list, parallel: bool | None) -> ToolChoice:
+    """A tool_choice that names one tool, which must be among the request's tools."""
+    if name not in {t.name for t in tools}:
+        raise f.fail(param, f"names tool {name!r}, which is not in tools")
+    return ToolChoice("tool", name, parallel)
 
 
 def _kind(value) -> str:

@@ -22,7 +22,7 @@ from providers.types import (
     ToolCall, ToolCallDelta, ToolCallStart, ToolChoice, ToolResult, Usage,
 )
 
-from .base import ClientFormat, Fields, StreamWriter, openai_error_body
+from .base import ClientFormat, Fields, StreamWriter, named_tool, openai_error_body, parallel_flag
 
 DEFAULT_MAX_TOKENS = 1024
 MAX_TOKENS_CAP = 8192
@@ -133,19 +133,13 @@ def parse_tools(f: Fields) -> list[Tool]:
 
 
 def parse_tool_choice(f: Fields, tools: list[Tool]) -> ToolChoice | None:
-    raw = f.get("tool_choice")
-    parallel = f.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise f.fail("parallel_tool_calls", "must be true or false")
+    raw, parallel = f.get("tool_choice"), parallel_flag(f)
     if raw is None:
         return ToolChoice(parallel=parallel) if parallel is not None else None
     if raw in ("auto", "none", "required"):
         return ToolChoice(raw, parallel=parallel)
     if isinstance(raw, dict) and raw.get("type") in ("function", "custom"):
-        name = (raw.get(raw["type"]) or {}).get("name")
-        if name not in {t.name for t in tools}:
-            raise f.fail("tool_choice", f"names tool {name!r}, which is not in tools")
-        return ToolChoice("tool", name, parallel)
+        return named_tool(f, "tool_choice", (raw.get(raw["type"]) or {}).get("name"), tools, parallel)
     raise f.fail("tool_choice", "must be auto, none, required, or {type: function, function: {name}}")
 
 

@@ -23,7 +23,7 @@ from providers.types import (
     ToolResult, Usage,
 )
 
-from .base import ClientFormat, Fields, StreamWriter
+from .base import ClientFormat, Fields, StreamWriter, named_tool
 
 MAX_TOKENS_CAP = 32768
 KNOWN = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
@@ -128,10 +128,7 @@ def parse_tool_choice(f: Fields, tools: list[Tool]) -> ToolChoice | None:
     if kind in modes:
         return ToolChoice(modes[kind], parallel=parallel)
     if kind == "tool":
-        name = t.string("name", required=True)
-        if name not in {x.name for x in tools}:
-            raise t.fail("name", f"names tool {name!r}, which is not in tools")
-        return ToolChoice("tool", name, parallel)
+        return named_tool(t, "name", t.string("name", required=True), tools, parallel)
     raise t.fail("type", "must be auto, any, tool or none")
 
 

@@ -21,10 +21,10 @@ from aiohttp import web
 from config import usd
 from plugins import around, hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
-from plugins.context import OK, CallContext, Route, new_id
+from plugins.context import CallContext, Route, new_id
 from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
-from plugins.pipeline import finish, run_stages
+from plugins.pipeline import run_stages, succeeded, upstream_call
 from providers.media_types import ImageJob, MediaFile
 
 from . import requests as parse
@@ -142,17 +142,10 @@ async def run_media(request: web.Request, endpoint: MediaEndpoint) -> web.Stream
         ctx.input_chars = len(prompt)
         async with around(request.app[PM], ctx):
             await run_stages(ctx)
-            try:
-                files = await _produce(ctx)
-                ctx.state["media_files"] = files
-                ctx.outcome, ctx.status = OK, 200
-                await finish(ctx)
+            async with upstream_call(ctx):
+                files = ctx.state["media_files"] = await _produce(ctx)
+                await succeeded(ctx)
                 return json_response(_render(ctx, endpoint, files), headers=ctx.response_headers)
-            except GatewayError as err:
-                ctx.status, ctx.error = err.status, err.message
-                raise
-            finally:
-                await finish(ctx)
     except GatewayError as err:
         return endpoint.error_response(err)
 
