@@ -272,7 +272,8 @@ def cmd_run(args) -> int:
     except ImportError:
         pass
     log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
-             providers=sorted(cfg.providers), chat_models=len(cfg.chat_models))
+             chat_models=len(cfg.chat_models),
+             providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
                 shutdown_timeout=30, access_log=None, handle_signals=True)
     return 0

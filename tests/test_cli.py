@@ -110,3 +110,24 @@ def test_run_without_config_uses_the_embedded_demo(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_start_up_log_shows_providers_without_their_secrets(tmp_path):
+    data = {"storage": f"sqlite:///{tmp_path / 'gw.db'}",
+            "providers": {"acme": {"type": "openai", "base_url": "https://acme.example/v1", "api_key": "sk-SECRET-123"}},
+            "models": {"chat": [{"id": "acme/m", "provider": "acme", "list_input_usd_per_mtok": 1,
+                                 "list_output_usd_per_mtok": 1}]}}
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([*GATEWAY, "run", "--config", str(path), "--port", str(free_port())], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 30
+        while "starting" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+        assert "https://acme.example/v1" in line and "***" in line
+        assert "sk-SECRET-123" not in line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
