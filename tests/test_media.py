@@ -6,7 +6,6 @@ import os
 import time
 
 import aiohttp
-import openai
 import pytest
 from aiohttp import web
 

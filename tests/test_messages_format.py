@@ -7,7 +7,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, deep_merge
+from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
 from tests.fakes import Reply, ToolCallSpec
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
