@@ -94,14 +94,30 @@ class Provider:
         raise NotImplementedError
 
 
-class HTTPProvider(Provider):
+class RemoteProvider(Provider):
+    """A provider reached over the network with a base URL and an API key; until the key
+    is set it cannot serve, and says which variable to set."""
     default_base_url: ClassVar[str] = ""
-    path: ClassVar[str] = "/chat/completions"
 
     def __init__(self, config, http):
         super().__init__(config, http)
         self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
         self.api_key = str(self.settings.get("api_key") or "")
+
+    def unavailable_reason(self) -> str | None:
+        if self.api_key:
+            return None
+        var = self.config.unset_env.get("api_key")
+        how = f"set the environment variable {var}" if var else f"set providers.{self.name}.api_key"
+        return f"provider {self.name!r} has no API key: the operator must {how} and restart"
+
+
+class HTTPProvider(RemoteProvider):
+    path: ClassVar[str] = "/chat/completions"
+    emits_flush: ClassVar[bool] = True    # the relay may gather events until a Flush
+
+    def __init__(self, config, http):
+        super().__init__(config, http)
         read = float(self.settings.get("timeout_seconds", 600))
         # No total limit: a stream may run for minutes; a silent upstream still times out.
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read)
@@ -132,13 +148,6 @@ class HTTPProvider(Provider):
         return None
 
     # -- shared transport ------------------------------------------------------------
-    def unavailable_reason(self) -> str | None:
-        if self.api_key:
-            return None
-        var = self.config.unset_env.get("api_key")
-        how = f"set the environment variable {var}" if var else f"set providers.{self.name}.api_key"
-        return f"provider {self.name!r} has no API key: the operator must {how} and restart"
-
     async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
         async with self._post(req, model) as resp:
             raw = await resp.read()
@@ -149,8 +158,6 @@ class HTTPProvider(Provider):
             except orjson.JSONDecodeError:
                 raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
             return self.parse_response(body, req)
-
-    emits_flush: ClassVar[bool] = True    # the relay may gather events until a Flush
 
     async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
         async with self._post(req, model) as resp:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import aiohttp
 import orjson
 
-from .base import Provider, UpstreamError, map_upstream_status
+from .base import RemoteProvider, UpstreamError, map_upstream_status
 from .media_types import ImageJob, MediaFile, VideoJob
 
 
@@ -51,22 +51,12 @@ def job_input(job: ImageJob | VideoJob, model, *, duration_text: bool) -> dict[s
     return out
 
 
-class QueueProvider(Provider):
+class QueueProvider(RemoteProvider):
     """A provider whose jobs run on a queue the gateway polls."""
-    default_base_url: ClassVar[str] = ""
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
-        self.api_key = str(self.settings.get("api_key") or "")
         self.poll_seconds = float(self.settings.get("poll_seconds", 1.0))
-
-    def unavailable_reason(self) -> str | None:
-        if self.api_key:
-            return None
-        var = self.config.unset_env.get("api_key")
-        how = f"set the environment variable {var}" if var else f"set providers.{self.name}.api_key"
-        return f"provider {self.name!r} has no API key: the operator must {how} and restart"
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
