@@ -187,7 +187,8 @@ class HTTPProvider(RemoteProvider):
 
 
 class _Request:
-    """`async with` a POST, turning transport failures into UpstreamError (502)."""
+    """`async with` a POST, turning transport failures (connecting or reading) into
+    UpstreamError (502)."""
 
     def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str]):
         self.p, self.url, self.body, self.headers = provider, url, body, headers
@@ -202,9 +203,14 @@ class _Request:
         except aiohttp.ClientError as exc:
             raise UpstreamError(502, f"could not reach {self.p.name}: {exc.__class__.__name__}") from None
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, exc_type, exc, tb) -> None:
         if self._cm is not None:
-            await self._cm.__aexit__(*exc)
+            await self._cm.__aexit__(exc_type, exc, tb)
+        # The body can fail after the headers arrived: that too is the upstream failing.
+        if exc_type is not None and issubclass(exc_type, asyncio.TimeoutError):
+            raise UpstreamError(502, f"{self.p.name} stopped answering mid-response", code="upstream_timeout") from None
+        if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
+            raise UpstreamError(502, f"{self.p.name} connection broke mid-response: {exc_type.__name__}") from None
 
 
 class SSEReader:

@@ -183,3 +183,26 @@ async def test_upstream_unreachable_is_502_uncharged(start_gateway):
         await gw.openai(key).chat.completions.create(model="dead/m", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 502 and "could not reach dead" in info.value.message
     assert await gw.balance(account) == MICRO
+
+
+async def test_upstream_cut_off_mid_body_is_502_uncharged(start_gateway, aiohttp_server):
+    from aiohttp import web
+
+    async def truncated(request):
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "500"})
+        await resp.prepare(request)
+        await resp.write(b'{"id": "chatcmpl-1", "choices": [')
+        request.transport.close()               # the upstream dies halfway through its answer
+        return resp
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", truncated)
+    server = await aiohttp_server(app)
+    gw = await start_gateway({"providers": {"cut": {"type": "openai", "base_url": str(server.make_url("/v1")),
+                                                    "api_key": "x"}},
+                              "models": {"chat": [{"id": "cut/m", "provider": "cut", "list_input_usd_per_mtok": 1,
+                                                   "list_output_usd_per_mtok": 1}]}})
+    key, account = await gw.key(1)
+    with pytest.raises(openai.InternalServerError) as info:
+        await gw.openai(key).chat.completions.create(model="cut/m", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502 and "mid-response" in info.value.message
+    assert await gw.balance(account) == MICRO
