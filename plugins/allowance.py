@@ -23,6 +23,9 @@ from config import MICRO, usd
 from . import hookimpl
 from .appstate import STORE
 from .context import CallContext
+from .errors import bad_request
+from .pricing import token_cost
+from .routing import route_to
 
 FREE = web.AppKey("free", object)
 CLOCK = web.AppKey("clock", object)      # tests replace it to cross day boundaries
@@ -74,7 +77,6 @@ def eligible(ctx: CallContext, input_tokens: int, output_tokens: int) -> int:
     if not settings.daily_micro or ctx.principal is None or ctx.route is None or \
             ctx.route.requested_model == SMART_ID:
         return 0
-    from .pricing import token_cost
     model = ctx.route.model
     if ctx.chat is not None:
         if model.id in settings.models:
@@ -110,10 +112,8 @@ async def gateway_account_info(app, principal):
 def gateway_select_route(ctx: CallContext):
     if ctx.chat is None or ctx.model_id != FREE_ID:
         return None
-    from .routing import route_to
     model = featured_today(ctx.request.app)
     if model is None:
-        from .errors import bad_request
         raise bad_request("svc/free is not configured on this gateway", param="model")
     route = route_to(ctx, model, requested=FREE_ID)
     route.notes.append(f"svc/free is {model} today (UTC)")

@@ -12,10 +12,10 @@ from config import usd
 import asyncio
 
 from . import allowance, hookimpl, ledger, usage
-from .appstate import spawn
-from .appstate import STORE
+from .appstate import STORE, spawn
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
+from .pricing import billed_output
 
 
 @hookimpl
@@ -55,7 +55,6 @@ def pricing_output(ctx: CallContext) -> int:
     """Output tokens billed (chat), or 0 for media (whose pricer knows its own free part)."""
     if ctx.chat is None:
         return 0
-    from .pricing import billed_output
     return billed_output(ctx)
 
 
