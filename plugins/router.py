@@ -191,7 +191,7 @@ async def gateway_select_route(ctx: CallContext):
 
 
 def _media_route(ctx: CallContext, settings: RouterSettings):
-    from .media import media_route
+    from .media import MEDIA, media_route
     endpoint = ctx.state["format"]
     f = ctx.state["media_fields"]
     body = f.body
@@ -210,7 +210,6 @@ def _media_route(ctx: CallContext, settings: RouterSettings):
     model_id = ((settings.media.get(endpoint.kind) or {}).get(operation) or {}).get(tier)
     if not model_id:
         raise f.fail("model", f"svc/smart has no {endpoint.kind} model for {operation} at quality {tier}")
-    from .media import MEDIA
     model = ctx.request.app[MEDIA].catalog.get(model_id)
     _drop_unsupported(body, model, endpoint.kind)
     route = media_route(ctx, model_id, requested=SMART)

@@ -121,6 +121,12 @@ async def fake_anthropic(aiohttp_server):
 UPSTREAM_PRICES = {"list_input_usd_per_mtok": 2.0, "list_output_usd_per_mtok": 8.0}
 
 
+def upstream_cost(input_tokens: int, output_tokens: int) -> int:
+    """What a call to an UPSTREAM_PRICES model costs: 1.00 in, 4.00 out USD per million
+    tokens, rounded up once, in micro-USD."""
+    return -(-(input_tokens * 1_000_000 + output_tokens * 4_000_000) // 1_000_000)
+
+
 def openai_upstream(fake: FakeOpenAIChat, **provider) -> dict:
     """Config that serves `up/gpt` (OpenAI wire) and `up/reasoner` from the fake."""
     return {"providers": {"up-openai": {"type": "openai", "base_url": str(fake.server.make_url("/v1")),

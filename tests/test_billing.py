@@ -10,15 +10,11 @@ from gateway import create_app
 from plugins import ledger
 from plugins.accounts import create_account
 from plugins.appstate import STORE
-from tests.conftest import MICRO, openai_upstream
+from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
 
 HI = [{"role": "user", "content": "hi"}]          # 2 characters -> 1 input token estimated
 
-
-def cost(input_tokens: int, output_tokens: int) -> int:
-    """Service price of up/gpt: 1.00 in / 4.00 out USD per million tokens, rounded up."""
-    return -(-(input_tokens * 1_000_000 + output_tokens * 4_000_000) // 1_000_000)
 
 
 async def usage_rows(gw, account):

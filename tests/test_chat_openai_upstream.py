@@ -9,16 +9,13 @@ import json
 import openai
 import pytest
 
-from tests.conftest import MICRO, openai_upstream
+from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply, ToolCallSpec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}
 
-
-def cost(input_tokens: int, output_tokens: int) -> int:
-    return -(-(input_tokens * 1_000_000 + output_tokens * 4_000_000) // 1_000_000)
 
 
 @pytest.fixture

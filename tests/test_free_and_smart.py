@@ -17,9 +17,6 @@ NOON = 20_000 * DAY + DAY // 2          # a fixed UTC noon
 HI = [{"role": "user", "content": "hi"}]     # 1 input token estimated
 
 
-def cost(i, o):                              # up/* service prices: 1.00 in, 4.00 out per million
-    return -(-(i * 1_000_000 + o * 4_000_000) // 1_000_000)
-
 
 class Clock:
     def __init__(self, now=NOON):

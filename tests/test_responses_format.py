@@ -7,7 +7,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
+from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, anthropic_upstream, openai_upstream
+from tests.conftest import upstream_cost as cost
 from tests.fakes import Reply, ToolCallSpec
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city", "strict": True,
@@ -15,18 +16,11 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
                           "additionalProperties": False}}
 
 
-def cost(input_tokens: int, output_tokens: int) -> int:
-    return -(-(input_tokens * 1_000_000 + output_tokens * 4_000_000) // 1_000_000)
-
 
 @pytest.fixture
 async def setup(start_gateway, fake_anthropic, fake_openai):
-    cfg = {"providers": {
-        "up-anthropic": {"type": "anthropic", "base_url": str(fake_anthropic.server.make_url("")),
-                         "api_key": "sk-ant-test-upstream"},
-        "up-openai": {"type": "openai", "base_url": str(fake_openai.server.make_url("/v1")),
-                      "api_key": "sk-test-upstream"}},
-        "models": {"chat": DEMO_MODELS + [
+    providers = {**anthropic_upstream(fake_anthropic)["providers"], **openai_upstream(fake_openai)["providers"]}
+    cfg = {"providers": providers, "models": {"chat": DEMO_MODELS + [
             {"id": "up/claude", "provider": "up-anthropic", "upstream": "claude-sonnet-4-5", **UPSTREAM_PRICES},
             {"id": "up/gpt", "provider": "up-openai", "upstream": "gpt-4o-mini", **UPSTREAM_PRICES}]}}
     gw = await start_gateway(cfg)
