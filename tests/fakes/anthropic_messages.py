@@ -91,16 +91,12 @@ EXTENDED_THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/exte
 class FakeAnthropic(FakeUpstream):
     """Serves POST /v1/messages; any other path gets Anthropic's 404 body."""
 
+    object_arguments = True
+
     def __init__(self, api_key: str = "sk-ant-test-upstream") -> None:
         super().__init__(api_key)
         self.app.router.add_post("/v1/messages", self._messages)
         self.app.router.add_route("*", "/{tail:.*}", self._unknown_route)
-
-    def check_reply(self, reply: Reply) -> None:
-        """Anthropic sends tool input as an object, so scripted arguments must be one."""
-        super().check_reply(reply)
-        for call in reply.tool_calls:
-            arguments_object(call)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         recorded = await self.record(request)

@@ -86,16 +86,12 @@ THOUGHT_SIGNATURE_DOCS = "https://ai.google.dev/gemini-api/docs/thought-signatur
 class FakeGemini(FakeUpstream):
     """Serves POST /v1beta/models/{model}:generateContent and :streamGenerateContent."""
 
+    object_arguments = True
+
     def __init__(self, api_key: str = "gemini-test-key") -> None:
         super().__init__(api_key)
         self.app.router.add_post("/v1beta/models/{target}", self._models)
         self.app.router.add_route("*", "/{tail:.*}", self._unknown_route)
-
-    def check_reply(self, reply: Reply) -> None:
-        """Gemini sends function call args as an object, so scripted arguments must be one."""
-        super().check_reply(reply)
-        for call in reply.tool_calls:
-            arguments_object(call)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         recorded = await self.record(request)

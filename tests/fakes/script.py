@@ -209,8 +209,15 @@ class FakeUpstream:
             self.check_reply(reply)
         self._replies.extend(replies)
 
+    # Upstreams that send tool arguments as an object (Anthropic's input, Gemini's args)
+    # need scripted arguments that are one: anything else is a scripting mistake.
+    object_arguments = False
+
     def check_reply(self, reply: Reply) -> None:
         canonical_stop(reply)
+        if self.object_arguments:
+            for call in reply.tool_calls:
+                arguments_object(call)
 
     def next_reply(self) -> Reply:
         return self._replies.popleft() if self._replies else Reply()
