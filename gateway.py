@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 import config as config_mod
+from config.check import check as check_config
 from plugins import acall_all, get_plugin_manager
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
@@ -47,10 +48,7 @@ def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=Non
 
     types: dict[str, type] = {}
     pm.hook.gateway_register_providers(register=lambda cls: types.setdefault(cls.type_name, cls))
-    unknown = [f"{cfg.path}: providers.{p.name}.type: no provider type {p.type!r} "
-               f"(known: {', '.join(sorted(types))})" for p in cfg.providers.values() if p.type not in types]
-    if unknown:
-        raise config_mod.ConfigError(unknown)
+    check_config(cfg, pm, types)         # every section typed; cross-references; else ConfigError
     app[PROVIDER_TYPES] = types
 
     formats: dict[str, ClientFormat] = {}
@@ -243,46 +241,39 @@ def configure_logging(level: str = "info", json_logs: bool | None = None) -> Non
 
 # ---- CLI -----------------------------------------------------------------------
 
-def _load_config(path: str | None) -> config_mod.Config:
-    try:
-        return config_mod.load(path)
-    except config_mod.ConfigError as err:
-        print(f"gateway: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def cmd_run(args) -> int:
-    cfg = _load_config(args.config)
+    cfg = config_mod.load(args.config)
+    cfg.server.listen(args.host, args.port)        # links (public_url) follow unless it is set
     configure_logging(args.log_level)
-    host = args.host or cfg.server.host
-    port = args.port if args.port is not None else cfg.server.port
-    try:
-        app = create_app(cfg, plugins_dir=args.plugins_dir)
-    except config_mod.ConfigError as err:
-        print(f"gateway: {err}", file=sys.stderr)
-        return 2
+    app = create_app(cfg, plugins_dir=args.plugins_dir)
     try:
         import uvloop              # a faster event loop, where installed
         uvloop.install()
     except ImportError:
         pass
-    log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
-             chat_models=len(cfg.chat_models),
+    host, port = cfg.server.host, cfg.server.port
+    log.info("starting", host=host, port=port, public_url=cfg.server.public_url, config=cfg.path,
+             database=cfg.storage_path, chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
-                shutdown_timeout=30, access_log=None, handle_signals=True)
+    try:
+        web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
+                    shutdown_timeout=30, access_log=None, handle_signals=True)
+    except OSError as exc:
+        print(f"gateway: cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses it or "
+              "choose another port with --port", file=sys.stderr)
+        return 2
     return 0
 
 
 def cmd_check(args) -> int:
-    cfg = _load_config(args.config)
-    try:
-        create_app(cfg, plugins_dir=args.plugins_dir)
-    except config_mod.ConfigError as err:
-        print(f"gateway: {err}", file=sys.stderr)
-        return 2
-    print(f"{cfg.path}: OK ({len(cfg.providers)} providers, {len(cfg.chat_models)} chat models)")
+    cfg = config_mod.load(args.config)
+    create_app(cfg, plugins_dir=args.plugins_dir)
+    print(f"{cfg.path}: OK ({len(cfg.providers)} providers, {len(cfg.chat_models)} chat models, "
+          f"{len(cfg.media_models)} media models; database {cfg.storage_path})")
     return 0
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def build_parser(pm) -> argparse.ArgumentParser:
@@ -291,7 +282,7 @@ def build_parser(pm) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="serve the gateway")
     run.add_argument("--host")
     run.add_argument("--port", type=int)
-    run.add_argument("--log-level", default="info")
+    run.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     run.set_defaults(func=cmd_run)
     check = sub.add_parser("check", help="validate a config file without starting")
     check.set_defaults(func=cmd_check)
@@ -307,9 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--plugins-dir")
     known, _ = pre.parse_known_args(argv)
-    pm = get_plugin_manager(plugins_dir=known.plugins_dir)
-    args = build_parser(pm).parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        pm = get_plugin_manager(plugins_dir=known.plugins_dir)
+        args = build_parser(pm).parse_args(argv)
+        return int(args.func(args) or 0)
+    except config_mod.ConfigError as err:    # an operator's mistake: say what to fix, no traceback
+        print(f"gateway: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

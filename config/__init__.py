@@ -7,23 +7,34 @@
   wins; model lists merge by `id`, mappings merge key by key.
 - Every error names the file, the key path and what is wrong; `ConfigError` stops the
   gateway before it serves anything.
+- Every section is a typed schema (config/schema.py): the core ones here, each plugin's
+  through `gateway_register_settings`, each provider type's on its class; `check()` runs
+  them all, then the cross-references, before anything starts.
 - Prices become integers (micro-USD per million tokens, micro-USD per unit) here, once,
-  from their decimal text: money is never a float inside the gateway.
+  from their decimal text: money is never a float inside the gateway (config/money.py).
+- Relative paths (the SQLite file, the artifact folder, plugin files) are relative to the
+  config file's folder; for the embedded default, to the per-user data folder (`data_dir()`).
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
+
+from .money import MICRO, discounted, format_usd, parse_usd, usd  # noqa: F401 - the money API lives here
+from .problems import did_you_mean, parse_yaml, translate
+from .schema import (
+    ChatModelEntry, ImageModelEntry, MediaEntry, PricingSettings, Section, ServerSettings, VideoModelEntry,
+)
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = BUILTIN_DIR / "gateway.yaml"
-MICRO = 1_000_000
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_KEY = re.compile(r"(secret|api_key|password|token|private_key)", re.I)
 
@@ -42,6 +53,7 @@ class ProviderConfig:
     type: str
     settings: dict[str, Any]
     unset_env: dict[str, str] = field(default_factory=dict)   # setting -> env var left empty
+    typed: Any = None          # the provider type's `Settings`, validated by check()
 
 
 @dataclass(slots=True)
@@ -61,32 +73,41 @@ class ChatModel:
     note: str | None = None
 
 
-@dataclass(slots=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    public_url: str = ""
-
-
 @dataclass
 class Config:
     path: str
-    server: ServerConfig
+    server: ServerSettings
     storage_path: str
-    discount: Decimal
+    discount: Fraction
     providers: dict[str, ProviderConfig]
     chat_models: dict[str, ChatModel]
     plugins: list[str]
     raw: dict[str, Any]
+    base_dir: Path = Path(".")
+    media_models: dict[str, MediaEntry] = field(default_factory=dict)
+    sections: dict[str, Section] = field(default_factory=dict)   # name -> typed settings (after check())
 
-    def section(self, name: str) -> dict[str, Any]:
-        """A top-level mapping (e.g. `free`, `limits`) for the plugin that owns it."""
-        value = self.raw.get(name)
-        return value if isinstance(value, dict) else {}
+    def settings(self, name: str):
+        """The typed settings of section `name` (registered by the plugin that owns it)."""
+        return self.sections[name]
 
     def plugin_config(self, name: str) -> dict[str, Any]:
         """Settings for a third-party plugin: `plugin_config: {NAME: {...}}`."""
-        return self.section("plugin_config").get(name) or {}
+        return (self.raw.get("plugin_config") or {}).get(name) or {}
+
+    def resolve(self, path: str) -> str:
+        """A path from the config, relative to the config file's folder (or the data folder)."""
+        return str(self.base_dir / path)
+
+
+def data_dir(env=None) -> Path:
+    """Where the embedded default keeps its database and files, whatever the working
+    directory: $GATEWAY_HOME, else $XDG_DATA_HOME/gateway, else ~/.local/share/gateway."""
+    env = os.environ if env is None else env
+    if env.get("GATEWAY_HOME"):
+        return Path(env["GATEWAY_HOME"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gateway"
 
 
 # ---- loading -------------------------------------------------------------------
@@ -96,7 +117,8 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
     env = os.environ if env is None else env
     file = Path(path) if path else DEFAULT_CONFIG
     raw, unset = _load_tree(file, env, seen=())
-    return _build(str(file), raw, unset)
+    base_dir = data_dir(env) if file.resolve() == DEFAULT_CONFIG else file.resolve().parent
+    return _build(str(file), raw, unset, base_dir)
 
 
 def _resolve_include(name: str, base: Path) -> Path:
@@ -114,12 +136,15 @@ def _load_tree(file: Path, env, seen: tuple) -> tuple[dict, dict[str, str]]:
     except OSError as exc:
         raise ConfigError([f"{file}: cannot read: {exc.strerror or exc}"]) from None
     try:
-        data = yaml.safe_load(text) or {}
+        data, duplicates = parse_yaml(text)
+        data = data or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"{file}: not valid YAML{where}: {problem}"]) from None
+    if duplicates:
+        raise ConfigError([f"{file}: {d}" for d in duplicates])
     if not isinstance(data, dict):
         raise ConfigError([f"{file}: the top level must be a mapping of sections"])
     problems: list[str] = []
@@ -189,167 +214,116 @@ def _merge_by_id(base: list, top: list) -> list:
     return out
 
 
-# ---- validation ----------------------------------------------------------------
+# ---- the core sections ------------------------------------------------------------
 
-class _Checker:
-    """Collects problems with key paths instead of stopping at the first."""
-
-    def __init__(self, file: str):
-        self.file = file
-        self.problems: list[str] = []
-
-    def fail(self, path: str, what: str) -> None:
-        self.problems.append(f"{self.file}: {path}: {what}")
-
-    def mapping(self, value, path: str) -> dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a mapping, got {_kind(value)}")
-            return {}
-        return value
-
-    def string(self, d: dict, key: str, path: str, default: str | None = None) -> str | None:
-        value = d.get(key, default)
-        if value is None:
-            self.fail(f"{path}.{key}", "required")
-        elif not isinstance(value, str) or not value:
-            self.fail(f"{path}.{key}", f"expected a non-empty string, got {_kind(value)}")
-            return None
-        return value
-
-    def micro(self, value, path: str, *, scale: int = MICRO) -> int | None:
-        """A USD amount as text -> integer micro-USD; refuse floats' noise."""
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            self.fail(path, f"expected a number, got {_kind(value)}")
-            return None
-        try:
-            amount = Decimal(str(value)) * scale
-        except InvalidOperation:
-            self.fail(path, f"expected a number, got {value!r}")
-            return None
-        if amount < 0:
-            self.fail(path, "must not be negative")
-            return None
-        if amount != amount.to_integral_value():
-            self.fail(path, "more precision than one micro-USD (at most 6 decimals)")
-            return None
-        return int(amount)
+CORE_SECTIONS = {"server": ServerSettings, "pricing": PricingSettings}
+OTHER_CORE = ("storage", "providers", "models", "plugins", "include", "plugin_config")
 
 
-def _kind(value) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
-            type(None): "nothing"}.get(type(value), type(value).__name__)
+def _parse(problems: list[str], file: str, model, value, path: str):
+    """Validate `value` against `model`; add translated problems; None when invalid."""
+    if value is None:
+        value = {}
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        problems += [f"{file}: {p}" for p in translate(exc, model, path)]
+        return None
 
 
-def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
-    c = _Checker(file)
-    server_raw = c.mapping(raw.get("server"), "server")
-    server = ServerConfig(host=str(server_raw.get("host", "127.0.0.1")))
-    port = server_raw.get("port", 8080)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        c.fail("server.port", f"expected a port number 0-65535, got {port!r}")
-    else:
-        server.port = port
-    server.public_url = str(server_raw.get("public_url") or f"http://{server.host}:{server.port}").rstrip("/")
+def parse_section(cfg: "Config", schema, value, path: str):
+    """Validate one block against `schema` now (for blocks typed by a plugin's own registry,
+    e.g. an artifact store's type); raises ConfigError with key paths."""
+    problems: list[str] = []
+    result = _parse(problems, cfg.path, schema, value, path)
+    if problems:
+        raise ConfigError(problems)
+    return result
+
+
+def _build(file: str, raw: dict, unset: dict[str, str], base_dir: Path) -> Config:
+    problems: list[str] = []
+    sections = {name: _parse(problems, file, model, raw.get(name), name) or model()
+                for name, model in CORE_SECTIONS.items()}
+    server: ServerSettings = sections["server"]
 
     storage = raw.get("storage", "sqlite:///gateway.db")
     storage_path = ""
     if not isinstance(storage, str) or not storage.startswith("sqlite:///"):
-        c.fail("storage", f"expected sqlite:///PATH (e.g. sqlite:///gateway.db), got {storage!r}")
+        problems.append(f"{file}: storage: expected sqlite:///PATH (e.g. sqlite:///gateway.db), got {storage!r}")
     else:
-        storage_path = storage[len("sqlite:///"):] or "gateway.db"
-
-    pricing = c.mapping(raw.get("pricing"), "pricing")
-    discount = Decimal("0.5")
-    if "discount" in pricing:
-        try:
-            discount = Decimal(str(pricing["discount"]))
-            if not Decimal(0) < discount <= Decimal(1):
-                raise InvalidOperation
-        except InvalidOperation:
-            c.fail("pricing.discount", f"expected a number in (0, 1], got {pricing['discount']!r}")
+        storage_path = str(base_dir / (storage[len("sqlite:///"):] or "gateway.db"))
 
     providers: dict[str, ProviderConfig] = {}
-    for name, block in c.mapping(raw.get("providers"), "providers").items():
+    blocks = raw.get("providers") or {}
+    if not isinstance(blocks, dict):
+        problems.append(f"{file}: providers: expected a mapping of name -> {{type: ..., settings}}")
+        blocks = {}
+    for name, block in blocks.items():
         path = f"providers.{name}"
-        block = c.mapping(block, path)
-        ptype = c.string(block, "type", path)
-        if ptype:
-            prefix = f"{path}."
-            providers[name] = ProviderConfig(
-                name=name, type=ptype, settings={k: v for k, v in block.items() if k != "type"},
-                unset_env={k[len(prefix):]: v for k, v in unset.items() if k.startswith(prefix)})
-
-    models_raw = c.mapping(raw.get("models"), "models")
-    chat_models: dict[str, ChatModel] = {}
-    chat_list = models_raw.get("chat") or []
-    if not isinstance(chat_list, list):
-        c.fail("models.chat", "expected a list of models")
-        chat_list = []
-    for i, entry in enumerate(chat_list):
-        model = _chat_model(c, entry, f"models.chat[{i}]", discount, providers)
-        if model is None:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str) or not block["type"]:
+            problems.append(f"{file}: {path}.type: required (the provider plugin, e.g. openai)"
+                            if isinstance(block, dict) else f"{file}: {path}: expected a mapping")
             continue
-        if model.id in chat_models:
-            c.fail(f"models.chat[{i}].id", f"duplicate model id {model.id!r}")
-        chat_models[model.id] = model
+        prefix = f"{path}."
+        providers[name] = ProviderConfig(
+            name=name, type=block["type"], settings={k: v for k, v in block.items() if k != "type"},
+            unset_env={k[len(prefix):]: v for k, v in unset.items() if k.startswith(prefix)})
+
+    models = _parse(problems, file, ModelsSection, raw.get("models"), "models") or ModelsSection()
+    discount = sections["pricing"].discount
+    chat_models: dict[str, ChatModel] = {}
+    media: dict[str, MediaEntry] = {}
+    for kind, entries in (("chat", models.chat), ("image", models.image), ("video", models.video)):
+        for i, entry in enumerate(entries):
+            path = f"models.{kind}[{i}]"
+            if entry.id in chat_models or entry.id in media:
+                problems.append(f"{file}: {path}.id: duplicate model id {entry.id!r}")
+            if entry.provider not in providers:
+                problems.append(f"{file}: {path}.provider: no provider named {entry.provider!r} under providers "
+                                f"(known: {', '.join(sorted(providers)) or 'none'})"
+                                f"{did_you_mean(entry.provider, providers)}")
+            if kind == "chat":
+                chat_models[entry.id] = _chat_model(entry, discount)
+            else:
+                media[entry.id] = entry
 
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        c.fail("plugins", "expected a list of module names or .py files")
+        problems.append(f"{file}: plugins: expected a list of module names or .py files")
         plugins = []
     # A .py entry is a file, relative to the config file that names it.
     plugins = [str((Path(file).parent / p).resolve()) if p.endswith(".py") and not Path(p).is_absolute() else p
                for p in plugins]
+    problems += [f"{file}: plugins[{i}]: no file {p} (a .py path is relative to the config file)"
+                 for i, p in enumerate(plugins) if p.endswith(".py") and not Path(p).is_file()]
+    plugin_config = raw.get("plugin_config") or {}
+    if not isinstance(plugin_config, dict) or not all(isinstance(v, dict) for v in plugin_config.values()):
+        problems.append(f"{file}: plugin_config: expected a mapping of plugin name -> its settings")
 
-    if c.problems:
-        raise ConfigError(c.problems)
+    if problems:
+        raise ConfigError(problems)
     return Config(path=file, server=server, storage_path=storage_path, discount=discount,
-                  providers=providers, chat_models=chat_models, plugins=plugins, raw=raw)
+                  providers=providers, chat_models=chat_models, plugins=plugins, raw=raw,
+                  base_dir=base_dir, media_models=media, sections=sections)
 
 
-def _chat_model(c: _Checker, entry, path: str, discount: Decimal,
-                providers: dict[str, ProviderConfig]) -> ChatModel | None:
-    entry = c.mapping(entry, path)
-    if not entry:
-        return None
-    before = len(c.problems)
-    mid = c.string(entry, "id", path)
-    provider = c.string(entry, "provider", path)
-    if provider and provider not in providers:
-        c.fail(f"{path}.provider", f"no provider named {provider!r} under providers "
-                                   f"(known: {', '.join(sorted(providers)) or 'none'})")
-    pricing = entry.get("pricing", "per_token")
-    if pricing not in ("per_token", "per_request"):
-        c.fail(f"{path}.pricing", f"expected per_token or per_request, got {pricing!r}")
-    prices = {}
-    for key in ("list_input_usd_per_mtok", "list_output_usd_per_mtok"):
-        if key not in entry and pricing == "per_token":
-            c.fail(f"{path}.{key}", "required")
-        prices[key] = c.micro(entry.get(key, 0), f"{path}.{key}")
-    request_micro = 0
-    if pricing == "per_request":
-        request_micro = c.micro(entry.get("usd_per_request"), f"{path}.usd_per_request") or 0
-    own = {k: c.micro(entry[k], f"{path}.{k}") for k in ("input_usd_per_mtok", "output_usd_per_mtok")
-           if k in entry}
-    if len(c.problems) > before:
-        return None
+class ModelsSection(Section):
+    chat: list[ChatModelEntry] = []
+    image: list[ImageModelEntry] = []
+    video: list[VideoModelEntry] = []
 
-    def service(list_micro: int, own_key: str) -> int:
-        if own_key in own:
-            return own[own_key]
-        return int((Decimal(list_micro) * discount).to_integral_value(ROUND_HALF_UP))
 
-    li, lo = prices["list_input_usd_per_mtok"], prices["list_output_usd_per_mtok"]
+def _chat_model(entry: ChatModelEntry, discount) -> ChatModel:
+    li, lo = entry.list_input_usd_per_mtok or 0, entry.list_output_usd_per_mtok or 0
     return ChatModel(
-        id=mid, label=str(entry.get("label") or mid), provider=provider,
-        upstream=str(entry.get("upstream") or mid.split("/", 1)[-1]),
+        id=entry.id, label=entry.label or entry.id, provider=entry.provider,
+        upstream=entry.upstream or entry.id.split("/", 1)[-1],
         list_input_micro=li, list_output_micro=lo,
-        input_micro=service(li, "input_usd_per_mtok"), output_micro=service(lo, "output_usd_per_mtok"),
-        pricing=pricing, request_micro=request_micro,
-        tools=bool(entry.get("tools", False)), vision=bool(entry.get("vision", False)),
-        note=entry.get("note"))
+        input_micro=entry.input_usd_per_mtok if entry.input_usd_per_mtok is not None else discounted(li, discount),
+        output_micro=entry.output_usd_per_mtok if entry.output_usd_per_mtok is not None else discounted(lo, discount),
+        pricing=entry.pricing, request_micro=entry.usd_per_request or 0,
+        tools=entry.tools, vision=entry.vision, note=entry.note)
 
 
 def redact(node):
@@ -359,8 +333,3 @@ def redact(node):
     if isinstance(node, list):
         return [redact(v) for v in node]
     return node
-
-
-def usd(micro: int) -> float:
-    """micro-USD -> a USD number for JSON output (the only place money becomes a float)."""
-    return micro / MICRO

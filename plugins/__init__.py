@@ -18,6 +18,10 @@ from typing import Any, Iterable
 
 import pluggy
 
+from config import Config, ConfigError
+from config import load as load_config
+from config.problems import did_you_mean
+
 from . import hookspecs
 
 hookimpl = pluggy.HookimplMarker("gateway")
@@ -78,15 +82,54 @@ def get_plugin_manager(extra_modules: Iterable[str] = (), plugins_dir: str | Non
         _load_entrypoints(pm)
     for name in extra_modules:
         if pm.get_plugin(name) is None:
-            module = _module_from_path(Path(name)) if name.endswith(".py") else importlib.import_module(name)
-            pm.register(module, name)
+            pm.register(_load_module(name), name)
     if plugins_dir:
+        if not Path(plugins_dir).is_dir():
+            raise ConfigError([f"--plugins-dir: {plugins_dir} is not a folder"])
         for path in sorted(Path(plugins_dir).glob("*.py")):
-            pm.register(_module_from_path(path), f"plugins-dir:{path.name}")
+            pm.register(_load_module(str(path)), f"plugins-dir:{path.name}")
     if os.environ.get("GATEWAY_TRACE_PLUGINS"):
         pm.add_hookcall_monitoring(_trace_before, _trace_after)
-    check_async_safe(pm)
+    try:
+        check_async_safe(pm)
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError([_hook_problem(pm, exc)]) from None
     return pm
+
+
+def load_checked(path: str | None, plugins_dir: str | None = None) -> tuple[Config, pluggy.PluginManager]:
+    """The config at `path`, every section checked against its schema, and its plugins: what
+    the CLI commands use so they refuse exactly what `gateway run` refuses."""
+    from config.check import check
+    cfg = load_config(path)
+    pm = get_plugin_manager(cfg.plugins, plugins_dir)
+    types: dict[str, type] = {}
+    pm.hook.gateway_register_providers(register=lambda cls: types.setdefault(cls.type_name, cls))
+    check(cfg, pm, types)
+    return cfg, pm
+
+
+def _load_module(name: str):
+    """A plugin by module name or .py path; a ConfigError (one line) when it cannot load."""
+    try:
+        if name.endswith(".py"):
+            if not Path(name).is_file():
+                raise ConfigError([f"plugins: no plugin file {name} (a .py path is relative to the config file)"])
+            return _module_from_path(Path(name))
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ConfigError([f"plugins: cannot import {name!r}: {exc}"]) from None
+    except SyntaxError as exc:
+        raise ConfigError([f"plugins: {exc.filename}, line {exc.lineno}: {exc.msg}"]) from None
+
+
+def _hook_problem(pm: pluggy.PluginManager, exc: pluggy.PluginValidationError) -> str:
+    """pluggy's complaint about a plugin -> one line naming the plugin and the fix."""
+    known = [name for name in dir(hookspecs) if name.startswith("gateway_")]
+    for name in dir(exc.plugin):
+        if name.startswith("gateway_") and name not in known:
+            return f"plugin {pm.get_name(exc.plugin)}: {name} is not a hook{did_you_mean(name, known)}"
+    return f"plugin {pm.get_name(exc.plugin) or exc.plugin}: {exc}"
 
 
 def _load_entrypoints(pm: pluggy.PluginManager) -> None:

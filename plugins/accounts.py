@@ -104,15 +104,10 @@ def gateway_register_routes(register, config):
 # ---- CLI -----------------------------------------------------------------------
 
 def _with_store(args, work):
-    from plugins import get_plugin_manager
-    try:
-        cfg = config_mod.load(args.config)
-    except config_mod.ConfigError as err:
-        print(f"gateway: {err}", file=sys.stderr)
-        return 2
+    from plugins import load_checked
+    cfg, pm = load_checked(args.config, getattr(args, "plugins_dir", None))
 
     async def go():
-        pm = get_plugin_manager(cfg.plugins, getattr(args, "plugins_dir", None))
         store = await Store.open(cfg.storage_path, collect_migrations(pm))
         try:
             return await work(store)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
-
 from aiohttp import web
+from pydantic import Field
 
-from config import MICRO, usd
+from config import usd
+from config.schema import USD, Section
 
 from . import hookimpl
 from .appstate import STORE
@@ -57,13 +57,36 @@ def today(app) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now(app)))
 
 
+class FrontierSection(Section):
+    models: list[str] = []
+    output_cap: int = Field(0, ge=0)       # output tokens the allowance covers on these models
+
+
+class FreeSection(Section):
+    """`free:` in the YAML."""
+    daily_allowance_usd: USD = 0
+    models: list[str] = []
+    frontier: FrontierSection = FrontierSection()
+    featured: list[str] = []
+
+    def references(self, known):
+        for key, ids in (("models", self.models), ("frontier.models", self.frontier.models),
+                         ("featured", self.featured)):
+            for i, model_id in enumerate(ids):
+                yield from known.chat_model(f"{key}[{i}]", model_id)
+
+
+@hookimpl
+def gateway_register_settings(register):
+    register("free", FreeSection)
+
+
 @hookimpl
 def gateway_configure(app, config):
-    raw = config.section("free")
-    frontier = raw.get("frontier") or {}
-    app[FREE] = FreeSettings(daily_micro=int(Decimal(str(raw.get("daily_allowance_usd", 0))) * MICRO),
-                             models=set(raw.get("models") or []), frontier=set(frontier.get("models") or []),
-                             output_cap=int(frontier.get("output_cap", 0)), featured=list(raw.get("featured") or []))
+    free: FreeSection = config.settings("free")
+    app[FREE] = FreeSettings(daily_micro=free.daily_allowance_usd, models=set(free.models),
+                             frontier=set(free.frontier.models), output_cap=free.frontier.output_cap,
+                             featured=list(free.featured))
 
 
 def featured_today(app) -> str | None:

@@ -21,7 +21,7 @@ def _origin(request: web.Request, allowed: list[str]) -> str | None:
 
 @hookimpl
 def gateway_configure(app, config):
-    allowed = config.section("server").get("cors_origins") or ["*"]
+    allowed = config.server.cors_origins
 
     async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
         origin = _origin(request, allowed)

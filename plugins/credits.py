@@ -6,11 +6,9 @@ twice at once), settled, and only then credited, with any bonus, in one transact
 """
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
-
 from aiohttp import web
 
-from config import usd
+from config import parse_usd, usd
 
 from . import hookimpl, ledger
 from .appstate import HTTP, STORE
@@ -20,10 +18,9 @@ from .formats.base import json_response, read_json
 from .store import now
 from .x402 import PAYWALL
 from .x402.paywall import new_ref
-from .x402.settings import load_credits
+from .x402.settings import CreditsSection, load_credits
 
 CREDITS = web.AppKey("credit_settings", object)
-MICRO = 1_000_000
 
 SCHEMA = """
 CREATE TABLE credit_orders (
@@ -44,6 +41,11 @@ def gateway_register_migrations(register):
 
 
 @hookimpl
+def gateway_register_settings(register):
+    register("credits", CreditsSection)
+
+
+@hookimpl
 def gateway_configure(app, config):
     app[CREDITS] = load_credits(config)
 
@@ -52,15 +54,12 @@ def _amount(body, settings) -> int:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object {\"usd\": amount}")
     raw = body.get("usd")
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+    if raw is None:
         raise bad_request("usd: required, the amount of credits to buy in USD", param="usd")
     try:
-        micro = Decimal(str(raw)) * MICRO
-    except InvalidOperation:
-        raise bad_request(f"usd: not a number: {raw!r}", param="usd") from None
-    if micro != micro.to_integral_value():
-        raise bad_request("usd: at most 6 decimals", param="usd")
-    micro = int(micro)
+        micro = parse_usd(raw)
+    except ValueError as exc:
+        raise bad_request(f"usd: {exc}", param="usd") from None
     if not settings.min_micro <= micro <= settings.max_micro:
         raise bad_request(f"usd: must be from {usd(settings.min_micro):g} to {usd(settings.max_micro):g}", param="usd")
     return micro

@@ -55,9 +55,20 @@ def gateway_register_artifact_stores(register):
 
 
 @hookspec
+def gateway_register_settings(register):
+    """Startup, before anything is configured. Call `register(section, Schema)` for each
+    top-level YAML section this plugin owns; `Schema` derives from `config.schema.Section`
+    (a pydantic model: unknown keys and wrong types are refused with their key path).
+    `gateway check` and `gateway run` validate every section, then call each schema's
+    `references(known)` to check names of models and providers. Read the result in
+    `gateway_configure` as `config.settings(section)`."""
+
+
+@hookspec
 def gateway_configure(app, config):
-    """App creation, after the core is set up. Read and validate your config section
-    (raise config.ConfigError with key paths) and keep what you need on the app."""
+    """App creation, after the core is set up and every section is validated. Read your
+    typed settings (`config.settings(name)`) and keep what you need on the app; raise
+    config.ConfigError with key paths for what a schema cannot express."""
 
 
 @hookspec

@@ -17,7 +17,7 @@ SPECIAL_IDS = {"svc/free": ("free", "featured"), "svc/smart": ("router", "tiers"
 
 def special_ids(cfg: Config) -> list[str]:
     """svc/free and svc/smart, listed only when the config enables them."""
-    return [mid for mid, (section, key) in SPECIAL_IDS.items() if cfg.section(section).get(key)]
+    return [mid for mid, (section, key) in SPECIAL_IDS.items() if getattr(cfg.settings(section), key)]
 
 
 def model_list(cfg: Config) -> dict:

@@ -19,7 +19,9 @@ import orjson
 import structlog
 from aiohttp import web
 
-from config import ConfigError
+from pydantic import Field, field_validator
+
+from config.schema import Section
 
 from . import hookimpl
 from .appstate import HTTP, PROVIDERS
@@ -38,29 +40,49 @@ class Moderation:
     fail_closed: bool = False
 
 
+class RuleSection(Section):
+    category: str = Field(min_length=1)
+    patterns: list[str] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _compile(cls, patterns: list[str]) -> list[str]:
+        for j, pattern in enumerate(patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"[{j}]: not a regular expression ({exc})") from None
+        return patterns
+
+
+class UpstreamSection(Section):
+    provider: str                        # an openai-type provider under providers
+    model: str = "omni-moderation-latest"
+
+
+class ModerationSection(Section):
+    """`moderation:` in the YAML."""
+    rules: list[RuleSection] = []
+    provider: UpstreamSection | None = None
+    fail_closed: bool = False
+
+    def references(self, known):
+        if self.provider and self.provider.provider not in known.providers:
+            yield "provider.provider", f"no provider named {self.provider.provider!r} under providers"
+
+
+@hookimpl
+def gateway_register_settings(register):
+    register("moderation", ModerationSection)
+
+
 @hookimpl
 def gateway_configure(app, config):
-    raw = config.section("moderation")
-    mod, problems = Moderation(), []
-    for i, rule in enumerate(raw.get("rules") or []):
-        category = rule.get("category") if isinstance(rule, dict) else None
-        if not category:
-            problems.append(f"moderation.rules[{i}].category: required")
-            continue
-        for j, pattern in enumerate(rule.get("patterns") or []):
-            try:
-                mod.rules.append((str(category), re.compile(pattern)))
-            except re.error as exc:
-                problems.append(f"moderation.rules[{i}].patterns[{j}]: not a regular expression ({exc})")
-    upstream = raw.get("provider")
-    if isinstance(upstream, dict):
-        mod.provider, mod.model = upstream.get("provider") or upstream.get("type"), upstream.get("model", mod.model)
-        if mod.provider not in config.providers:
-            problems.append(f"moderation.provider.provider: no provider named {mod.provider!r}")
-    mod.fail_closed = bool(raw.get("fail_closed", False))
-    if problems:
-        raise ConfigError([f"{config.path}: {p}" for p in problems])
-    app[MODERATION] = mod
+    raw: ModerationSection = config.settings("moderation")
+    app[MODERATION] = Moderation(
+        rules=[(rule.category, re.compile(p)) for rule in raw.rules for p in rule.patterns],
+        provider=raw.provider.provider if raw.provider else None,
+        model=raw.provider.model if raw.provider else "omni-moderation-latest", fail_closed=raw.fail_closed)
 
 
 def texts(ctx: CallContext) -> str:

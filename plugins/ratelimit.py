@@ -16,6 +16,8 @@ from typing import Protocol
 
 from aiohttp import web
 
+from config.schema import Count, Section
+
 from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError
@@ -53,18 +55,34 @@ class MemoryLimits:
         self.buckets[key] = (min(capacity, self._level(key, capacity, now) + amount), now)
 
 
+class Rule(Section):
+    rpm: Count | None = None        # requests a minute (none: no limit)
+    tpm: Count | None = None        # tokens a minute
+
+
+class LimitsSection(Section):
+    """`limits:` in the YAML."""
+    per_key: Rule = Rule()
+    per_address: Rule = Rule()      # keyless (x402) callers, by client address
+
+
 @dataclass
 class Limits:
-    per_key: dict
-    per_address: dict
+    per_key: Rule
+    per_address: Rule
     store: LimitStore
     clock: object = time.monotonic
 
 
 @hookimpl
+def gateway_register_settings(register):
+    register("limits", LimitsSection)
+
+
+@hookimpl
 def gateway_configure(app, config):
-    section = config.section("limits")
-    app[LIMITS] = Limits(section.get("per_key") or {}, section.get("per_address") or {}, MemoryLimits())
+    section: LimitsSection = config.settings("limits")
+    app[LIMITS] = Limits(section.per_key, section.per_address, MemoryLimits())
 
 
 def _who(ctx: CallContext) -> tuple[str, dict]:
@@ -88,7 +106,7 @@ def gateway_admit(ctx: CallContext):
     limits = ctx.request.app[LIMITS]
     who, rules = _who(ctx)
     now = limits.clock()
-    rpm, tpm = rules.get("rpm"), rules.get("tpm")
+    rpm, tpm = rules.rpm, rules.tpm
     tokens = _tokens(ctx)
     if rpm:
         ok, left, wait = limits.store.take(f"{who}:rpm", 1, float(rpm), now)

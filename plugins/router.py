@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 import structlog
 from aiohttp import web
 
-from config import ConfigError
+from typing import Literal
+
+from pydantic import model_validator
+
+from config.schema import Count, Section
 
 from . import hookimpl
 from .appstate import CONFIG, PROVIDERS
@@ -80,25 +84,51 @@ class RouterSettings:
     media: dict = field(default_factory=dict)
 
 
+Difficulty = Literal["easy", "medium", "hard", "frontier"]
+Quality = Literal["low", "medium", "high"]
+
+
+class ClassifierSection(Section):
+    model: str | None = None             # a fast chat model asked for one word
+    timeout_ms: Count = 1500
+
+
+class RouterSection(Section):
+    """`router:` in the YAML."""
+    tiers: dict[Difficulty, str] = {}
+    fallback: Difficulty = "medium"
+    heuristic: bool = True
+    classifier: ClassifierSection = ClassifierSection()
+    media: dict[Literal["image", "video"], dict[str, dict[Quality, str]]] = {}
+
+    @model_validator(mode="after")
+    def _every_tier(self):
+        if self.tiers and set(self.tiers) != set(DIFFICULTIES):
+            raise ValueError(f"tiers: give a model for each of {', '.join(DIFFICULTIES)}")
+        return self
+
+    def references(self, known):
+        for tier, model_id in self.tiers.items():
+            yield from known.chat_model(f"tiers.{tier}", model_id)
+        if self.classifier.model:
+            yield from known.chat_model("classifier.model", self.classifier.model)
+        for kind, operations in self.media.items():
+            for operation, by_quality in operations.items():
+                for quality, model_id in by_quality.items():
+                    yield from known.media_model(f"media.{kind}.{operation}.{quality}", model_id, kind, operation)
+
+
+@hookimpl
+def gateway_register_settings(register):
+    register("router", RouterSection)
+
+
 @hookimpl
 def gateway_configure(app, config):
-    raw = config.section("router")
-    classifier = raw.get("classifier") or {}
-    settings = RouterSettings(tiers=dict(raw.get("tiers") or {}), fallback=str(raw.get("fallback", "medium")),
-                              classifier_model=classifier.get("model"),
-                              timeout=float(classifier.get("timeout_ms", 1500)) / 1000,
-                              heuristic=bool(raw.get("heuristic", True)), media=dict(raw.get("media") or {}))
-    problems = [f"router.tiers.{t}: {m!r} is not a chat model" for t, m in settings.tiers.items()
-                if m not in config.chat_models] + \
-               [f"router.tiers.{t}: unknown tier (known: {', '.join(DIFFICULTIES)})" for t in settings.tiers
-                if t not in DIFFICULTIES]
-    if settings.tiers and set(settings.tiers) != set(DIFFICULTIES):
-        problems.append(f"router.tiers: give a model for each of {', '.join(DIFFICULTIES)}")
-    if settings.classifier_model and settings.classifier_model not in config.chat_models:
-        problems.append(f"router.classifier.model: {settings.classifier_model!r} is not a chat model")
-    if problems:
-        raise ConfigError([f"{config.path}: {p}" for p in problems])
-    app[ROUTER] = settings
+    raw: RouterSection = config.settings("router")
+    app[ROUTER] = RouterSettings(tiers=dict(raw.tiers), fallback=raw.fallback, classifier_model=raw.classifier.model,
+                                 timeout=raw.classifier.timeout_ms / 1000, heuristic=raw.heuristic,
+                                 media=dict(raw.media))
 
 
 # ---- classifiers -------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import config as config_mod
 from providers.types import estimate_tokens
 
-from . import hookimpl
+from . import hookimpl, load_checked
 from .pricing import token_cost
 from .router import DIFFICULTIES, heuristic
 
@@ -63,12 +63,8 @@ def report(result: dict, tiers: dict) -> str:
 
 
 def cmd_router_eval(args) -> int:
-    try:
-        cfg = config_mod.load(args.config)
-    except config_mod.ConfigError as err:
-        print(f"gateway: {err}", file=sys.stderr)
-        return 2
-    names = cfg.section("router").get("tiers") or {}
+    cfg, _ = load_checked(args.config)
+    names = cfg.settings("router").tiers
     if set(names) != set(DIFFICULTIES):
         print("gateway: router.tiers must name a model for each of easy, medium, hard, frontier", file=sys.stderr)
         return 2

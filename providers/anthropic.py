@@ -17,7 +17,7 @@ import orjson
 
 from plugins.errors import bad_request
 
-from .base import HTTPProvider, UpstreamError, loads_event
+from .base import HTTPProvider, HTTPSettings, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, STOP_SEQUENCE, TOOL_USE, ChatRequest, ChatResponse, ImagePart,
     Message, RawFrame, ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart,
@@ -126,15 +126,20 @@ def usage_from_anthropic(u: dict[str, Any]) -> Usage:
                  reasoning_tokens=int(details.get("thinking_tokens") or 0))
 
 
+class AnthropicSettings(HTTPSettings):
+    version: str | None = None           # the anthropic-version header
+
+
 class AnthropicProvider(HTTPProvider):
     type_name = "anthropic"
+    Settings = AnthropicSettings
     wire_format = "messages"
     default_base_url = "https://api.anthropic.com"
     path = "/v1/messages"
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        self.version = str(self.settings.get("version") or DEFAULT_VERSION)
+        self.version = self.settings.version or DEFAULT_VERSION
 
     def headers(self) -> dict[str, str]:
         return {"x-api-key": self.api_key, "anthropic-version": self.version}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 import aiohttp
 import orjson
 
+from config.schema import Seconds, Section
 from plugins.errors import GatewayError, bad_request
 
 from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEvent
@@ -58,13 +59,14 @@ class Provider:
     """What the pipeline needs from any provider, HTTP or not."""
 
     type_name: ClassVar[str] = ""
+    Settings: ClassVar[type[Section]] = Section   # the YAML block's schema (besides `type`)
     emits_flush: ClassVar[bool] = False   # True if its streams mark where to write (see Flush)
     wire_format: ClassVar[str] = ""   # client format spoken natively, for pass-through
 
     def __init__(self, config: "ProviderConfig", http: aiohttp.ClientSession | None):
         self.name = config.name
         self.config = config
-        self.settings = config.settings
+        self.settings = config.typed if config.typed is not None else self.Settings.model_validate(config.settings)
         self.http = http
 
     def unavailable_reason(self) -> str | None:
@@ -94,15 +96,25 @@ class Provider:
         raise NotImplementedError
 
 
+class RemoteSettings(Section):
+    base_url: str | None = None
+    api_key: str = ""
+
+
+class HTTPSettings(RemoteSettings):
+    timeout_seconds: Seconds = 600       # longest silence from the upstream
+
+
 class RemoteProvider(Provider):
     """A provider reached over the network with a base URL and an API key; until the key
     is set it cannot serve, and says which variable to set."""
     default_base_url: ClassVar[str] = ""
+    Settings = RemoteSettings
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
-        self.api_key = str(self.settings.get("api_key") or "")
+        self.base_url = (self.settings.base_url or self.default_base_url).rstrip("/")
+        self.api_key = self.settings.api_key
 
     def unavailable_reason(self) -> str | None:
         if self.api_key:
@@ -115,10 +127,11 @@ class RemoteProvider(Provider):
 class HTTPProvider(RemoteProvider):
     path: ClassVar[str] = "/chat/completions"
     emits_flush: ClassVar[bool] = True    # the relay may gather events until a Flush
+    Settings = HTTPSettings
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        read = float(self.settings.get("timeout_seconds", 600))
+        read = self.settings.timeout_seconds
         # No total limit: a stream may run for minutes; a silent upstream still times out.
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read)
 

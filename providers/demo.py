@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import orjson
+from pydantic import Field
+
+from config.schema import Section
 
 from .base import Provider
 from .media_types import ImageJob, MediaFile, VideoJob
@@ -48,12 +51,18 @@ def _placeholder(schema: dict[str, Any]) -> Any:
             "array": [], "object": {}}.get(schema.get("type", "string"), "demo")
 
 
+class DemoSettings(Section):
+    stream_delay_seconds: float = Field(0, ge=0)    # pause between streamed words
+    render_seconds: float = Field(0, ge=0)          # how long a media render takes
+
+
 class DemoProvider(Provider):
     type_name = "demo"
+    Settings = DemoSettings
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        self.delay = float(self.settings.get("stream_delay_seconds", 0))
+        self.delay = self.settings.stream_delay_seconds
 
     def _answer(self, req: ChatRequest) -> tuple[list, str]:
         last = req.messages[-1] if req.messages else None
@@ -127,6 +136,6 @@ class DemoProvider(Provider):
                 for i in range(job.n)]
 
     async def render_video(self, job: VideoJob, model) -> MediaFile:
-        await asyncio.sleep(float(self.settings.get("render_seconds", 0)))
+        await asyncio.sleep(self.settings.render_seconds)
         clip = CLIPS[hashlib.sha256(job.prompt.encode()).digest()[0] % len(CLIPS)]
         return MediaFile(data=await asyncio.to_thread(clip.read_bytes), content_type="video/mp4")

@@ -10,7 +10,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .base import RemoteProvider, UpstreamError, map_upstream_status
+from config.schema import Seconds
+
+from .base import RemoteProvider, RemoteSettings, UpstreamError, map_upstream_status
 from .media_types import ImageJob, MediaFile, VideoJob
 
 
@@ -51,12 +53,17 @@ def job_input(job: ImageJob | VideoJob, model, *, duration_text: bool) -> dict[s
     return out
 
 
+class QueueSettings(RemoteSettings):
+    poll_seconds: Seconds = 1.0
+
+
 class QueueProvider(RemoteProvider):
     """A provider whose jobs run on a queue the gateway polls."""
+    Settings = QueueSettings
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        self.poll_seconds = float(self.settings.get("poll_seconds", 1.0))
+        self.poll_seconds = self.settings.poll_seconds
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}

@@ -6,9 +6,9 @@ reasoning models require).
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
-from .base import HTTPProvider, UpstreamError, loads_event
+from .base import HTTPProvider, HTTPSettings, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
     ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
@@ -103,8 +103,13 @@ def usage_from_openai(u: dict[str, Any] | None) -> Usage | None:
                  reasoning_tokens=int(out_details.get("reasoning_tokens") or 0))
 
 
+class OpenAISettings(HTTPSettings):
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+
+
 class OpenAIProvider(HTTPProvider):
     type_name = "openai"
+    Settings = OpenAISettings
     wire_format = "chat_completions"
     default_base_url = "https://api.openai.com/v1"
     path = "/chat/completions"
@@ -115,7 +120,7 @@ class OpenAIProvider(HTTPProvider):
         return await generate_images(self, job, model)
 
     def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
-        field = self.settings.get("max_tokens_field", "max_tokens")
+        field = self.settings.max_tokens_field
         if self.same_format(req):
             body = {k: v for k, v in req.raw.items() if k not in ("max_tokens", "max_completion_tokens")}
             body.update({"model": upstream, field: req.max_tokens})   # the cap the hold covers

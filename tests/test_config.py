@@ -37,25 +37,10 @@ def test_valid_config_prices_become_integers(tmp_path):
     assert m.upstream == "m"
 
 
-@pytest.mark.parametrize("data,expected", [
+@pytest.mark.parametrize("data,expected", [     # key-path mistakes: see test_config_errors.py
     ("a: [1, 2", "not valid YAML (line 1"),
     ("- just\n- a list\n", "top level must be a mapping"),
-    ({**VALID, "server": {"port": "eighty"}}, "server.port: expected a port number"),
     ({**VALID, "storage": "postgres://x"}, "storage: expected sqlite:///PATH"),
-    ({**VALID, "pricing": {"discount": 2}}, "pricing.discount: expected a number in (0, 1]"),
-    ({**VALID, "providers": {"p": {"base_url": "x"}}}, "providers.p.type: required"),
-    ({**VALID, "models": {"chat": [{"id": "a", "provider": "zzz", "list_input_usd_per_mtok": 1,
-                                    "list_output_usd_per_mtok": 1}]}}, "models.chat[0].provider: no provider named 'zzz'"),
-    ({**VALID, "models": {"chat": [{"id": "a", "provider": "p", "list_input_usd_per_mtok": "cheap",
-                                    "list_output_usd_per_mtok": 1}]}}, "models.chat[0].list_input_usd_per_mtok: expected a number"),
-    ({**VALID, "models": {"chat": [{"id": "a", "provider": "p", "list_input_usd_per_mtok": 0.0000001,
-                                    "list_output_usd_per_mtok": 1}]}}, "at most 6 decimals"),
-    ({**VALID, "models": {"chat": [{"id": "a", "provider": "p", "list_output_usd_per_mtok": 1}]}},
-     "models.chat[0].list_input_usd_per_mtok: required"),
-    ({**VALID, "models": {"chat": [{"provider": "p", "list_input_usd_per_mtok": 1, "list_output_usd_per_mtok": 1}]}},
-     "models.chat[0].id: required"),
-    ({**VALID, "models": {"chat": [VALID["models"]["chat"][0]] * 2}}, "models.chat[1].id: duplicate model id"),
-    ({**VALID, "models": {"chat": "p/m"}}, "models.chat: expected a list"),
     ({**VALID, "include": ["missing.yaml"]}, "missing.yaml: cannot read"),
 ])
 def test_each_kind_of_mistake_names_file_and_path(tmp_path, data, expected):
@@ -120,8 +105,8 @@ def test_gateway_check_and_run_refuse_a_bad_config(tmp_path):
         out = subprocess.run([sys.executable, str(ROOT / "gateway.py"), *command, "--config", str(bad)],
                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert out.returncode == 2
-        assert "server.port: expected a port number 0-65535, got -1" in out.stderr
+        assert "server.port: must be at least 0, got -1" in out.stderr
         assert "Traceback" not in out.stderr
     good = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "check", "--config", str(write(tmp_path, VALID))],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert good.returncode == 0 and "OK (1 providers, 1 chat models)" in good.stdout
+    assert good.returncode == 0 and "OK (1 providers, 1 chat models, 0 media models" in good.stdout

@@ -9,6 +9,7 @@ import pluggy
 import pytest
 
 import plugins
+from config import ConfigError
 from plugins import acall_all, acall_first, get_plugin_manager, hookimpl, hookspecs
 from plugins.formats.base import ClientFormat, Fields
 from providers.types import ChatRequest, Message, TextPart
@@ -52,6 +53,7 @@ def test_yaml_plugin_paths_are_relative_to_the_config(tmp_path):
     import config
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "gw.yaml").write_text("plugins: [my_plugin.py, some.module]\n")
+    (tmp_path / "sub" / "my_plugin.py").write_text("")
     cfg = config.load(tmp_path / "sub" / "gw.yaml", env={})
     assert cfg.plugins == [str(tmp_path / "sub" / "my_plugin.py"), "some.module"]
 
@@ -194,8 +196,16 @@ class EveryExtensionPoint:
         register("5000_example_notes", "CREATE TABLE example_notes (call_id TEXT)")
 
     @hookimpl
+    def gateway_register_settings(self, register):
+        from config.schema import Section
+
+        class EverySettings(Section):
+            greeting: str = "hello"
+        register("every", EverySettings)
+
+    @hookimpl
     def gateway_configure(self, app, config):
-        self.greeting = config.plugin_config("every").get("greeting", "hello")
+        self.greeting = config.settings("every").greeting
 
     @hookimpl
     async def gateway_startup(self, app):
@@ -241,7 +251,10 @@ async def test_a_plugin_can_use_every_extension_point(start_gateway, capsys):
     pm = get_plugin_manager()
     plugin = EveryExtensionPoint()
     pm.register(plugin, "every")
-    gw = await start_gateway({"plugin_config": {"every": {"greeting": "hi"}}}, pm=pm)
+    with pytest.raises(ConfigError) as info:          # a plugin's section is typed like the core's
+        await start_gateway({"every": {"greting": "hi"}}, pm=pm)
+    assert info.value.problems[0].endswith("every.greting: unknown key (did you mean 'greeting'?)")
+    gw = await start_gateway({"every": {"greeting": "hi"}}, pm=pm)
     assert plugin.started
     key, _ = await gw.key(1)
     client = gw.openai(key)

@@ -314,7 +314,7 @@ async def test_unsettled_purchase_credits_nothing(env):
     assert await gw.balance(account) == 0
 
 
-@pytest.mark.parametrize("usd,words", [(2.99, "from 3 to 1000"), (1000.01, "from 3 to 1000"), ("ten", "not a number"),
+@pytest.mark.parametrize("usd,words", [(2.99, "from 3 to 1000"), (1000.01, "from 3 to 1000"), ("ten", "expected an amount in USD"),
                                        (1.0000001, "at most 6 decimals")])
 async def test_purchase_limits(env, usd, words):
     gw, _, _ = env

@@ -18,7 +18,8 @@ import orjson
 import structlog
 from aiohttp import web
 
-from config import usd
+from config import ConfigError, parse_section, usd
+from config.schema import Count, Seconds, Section
 from plugins import hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
 from plugins.context import CallContext, Route
@@ -38,11 +39,19 @@ log = structlog.get_logger("media")
 MB = 1_000_000
 
 
+class MediaSection(Section):
+    """`media:` in the YAML."""
+    artifacts: dict[str, Any] = {}        # {type: local, ...}: checked against the store type's Settings
+    allow_private_urls: bool = False      # fetch client URLs on private networks (tests, closed setups)
+    max_reference_mb: Count = 20
+    reference_timeout_seconds: Seconds = 30
+
+
 @dataclass
 class Media:
     """Media state on the app: the catalog, settings, artifact store, fetch session."""
     catalog: dict[str, MediaModel]
-    settings: dict[str, Any]
+    settings: MediaSection
     store: Any
     allow_private: bool
     fetcher: aiohttp.ClientSession | None = None
@@ -74,23 +83,27 @@ IMAGES, VIDEOS = MediaEndpoint("image"), MediaEndpoint("video")
 # ---- configuration and routing -----------------------------------------------------
 
 @hookimpl
+def gateway_register_settings(register):
+    register("media", MediaSection)
+
+
+@hookimpl
 def gateway_configure(app, config):
-    from config import ConfigError
     catalog = load_media(config)
-    settings = config.section("media")
-    art = settings.get("artifacts") or {}
+    settings: MediaSection = config.settings("media")
     types: dict[str, type] = {}
     app[PM].hook.gateway_register_artifact_stores(register=lambda cls: types.setdefault(cls.type_name, cls))
-    kind = art.get("type", "local")
+    kind = settings.artifacts.get("type", "local")
     if kind not in types:
         raise ConfigError([f"{config.path}: media.artifacts.type: no artifact store {kind!r} "
                            f"(known: {', '.join(sorted(types))})"])
+    store_settings = parse_section(config, types[kind].Settings, settings.artifacts, "media.artifacts")
     unable = [f"{config.path}: models.{m.kind}: {m.id}: provider {m.provider!r} has type "
               f"{config.providers[m.provider].type!r}, which makes no {m.kind}s"
               for m in catalog.values() if not _can_make(app, config, m)]
     if unable:
         raise ConfigError(unable)
-    app[MEDIA] = Media(catalog, settings, types[kind](art), bool(settings.get("allow_private_urls")))
+    app[MEDIA] = Media(catalog, settings, types[kind](store_settings, config.base_dir), settings.allow_private_urls)
     app.cleanup_ctx.append(_media_context)
 
 
@@ -147,8 +160,8 @@ async def serve_media(ctx: CallContext) -> web.StreamResponse:
 async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     app, job, model, provider = ctx.request.app, ctx.media, ctx.route.model, ctx.route.provider
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
-    cap = int(settings.get("max_reference_mb", 20)) * MB
-    wait = float(settings.get("reference_timeout_seconds", 30))
+    cap = settings.max_reference_mb * MB
+    wait = settings.reference_timeout_seconds
     if isinstance(job, ImageJob):
         if job.references and getattr(provider, "wants_reference_files", False):
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,

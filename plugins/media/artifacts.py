@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from config.schema import Seconds, Section
 from plugins import hookimpl
 
 PREFIX = "/api/v1/media/artifacts/"
@@ -23,11 +24,21 @@ EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "im
 NAME = re.compile(r"^[A-Za-z0-9_-]{20,64}\.(png|jpg|webp|gif|mp4|webm|mov)$")
 
 
+class ArtifactSettings(Section):
+    type: str = "local"
+    ttl_seconds: Seconds = 3600          # how long a link works
+
+
+class LocalSettings(ArtifactSettings):
+    dir: str = "artifacts"               # relative to the config file's folder
+
+
 class ArtifactStore:
     type_name: ClassVar[str] = ""
+    Settings: ClassVar[type[ArtifactSettings]] = ArtifactSettings   # `media.artifacts` for this type
 
-    def __init__(self, settings: dict):
-        self.ttl = float(settings.get("ttl_seconds", 3600))
+    def __init__(self, settings: ArtifactSettings, base_dir: Path):
+        self.ttl = settings.ttl_seconds
 
     async def save(self, data: bytes, content_type: str) -> str:
         """Keep `data`; return the link's path (under /api/v1/media/artifacts/)."""
@@ -43,10 +54,11 @@ class ArtifactStore:
 
 class LocalArtifacts(ArtifactStore):
     type_name = "local"
+    Settings = LocalSettings
 
-    def __init__(self, settings: dict):
-        super().__init__(settings)
-        self.directory = Path(settings.get("dir") or "artifacts")
+    def __init__(self, settings: LocalSettings, base_dir: Path):
+        super().__init__(settings, base_dir)
+        self.directory = base_dir / settings.dir
 
     def _write(self, name: str, data: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,13 @@
-"""The media catalog: `models.image` and `models.video` from the YAML, validated with key
-paths, prices as integers (micro-USD) and multipliers as exact fractions."""
+"""The media catalog: `models.image` and `models.video` (typed in config/schema.py, prices
+already integer micro-USD, multipliers exact fractions) as the models the endpoints use."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
 from fractions import Fraction
 from typing import Any
 
-from config import Config, ConfigError
-
-MICRO = 1_000_000
-IMAGE_OPERATIONS = ("generate", "edit")
-VIDEO_OPERATIONS = ("text_to_video", "image_to_video", "reference_to_video")
+from config import Config, ConfigError, discounted
+from config.schema import DurationOption, MediaEntry, Tiered as TieredSettings
 RESOLUTIONS = ("480p", "720p", "768p", "1080p", "1440p", "2160p", "2K", "4K", "1K")
 
 
@@ -83,84 +79,32 @@ class MediaModel:
 
 
 def load_media(cfg: Config) -> dict[str, MediaModel]:
-    models = cfg.section("models")
+    """The typed `models.image` / `models.video` entries -> the catalog the endpoints use."""
     problems: list[str] = []
     out: dict[str, MediaModel] = {}
-    for kind in ("image", "video"):
-        entries = models.get(kind) or []
-        if not isinstance(entries, list):
-            problems.append(f"models.{kind}: expected a list of models")
-            continue
-        for i, entry in enumerate(entries):
-            model = _model(entry, kind, f"models.{kind}[{i}]", cfg, problems)
-            if model is None:
-                continue
-            if model.id in out or model.id in cfg.chat_models:
-                problems.append(f"models.{kind}[{i}].id: duplicate model id {model.id!r}")
+    index = {"image": 0, "video": 0}
+    for entry in cfg.media_models.values():
+        path = f"models.{entry.kind}[{index[entry.kind]}]"
+        index[entry.kind] += 1
+        model = _model(entry, path, cfg, problems)
+        if model is not None:
             out[model.id] = model
     if problems:
         raise ConfigError([f"{cfg.path}: {p}" for p in problems])
     return out
 
 
-def _money(value, path: str, problems: list[str]) -> int | None:
-    try:
-        amount = Decimal(str(value)) * MICRO
-    except InvalidOperation:
-        problems.append(f"{path}: expected a number, got {value!r}")
-        return None
-    if amount < 0 or isinstance(value, bool):
-        problems.append(f"{path}: expected a price >= 0, got {value!r}")
-        return None
-    return int(amount.to_integral_value(ROUND_HALF_UP))
-
-
-def _fraction(value, path: str, problems: list[str]) -> Fraction:
-    try:
-        f = Fraction(Decimal(str(value)))
-    except (InvalidOperation, ValueError):
-        problems.append(f"{path}: expected a number, got {value!r}")
-        return Fraction(1)
-    if f <= 0:
-        problems.append(f"{path}: must be > 0")
-    return f
-
-
-def _tiered(raw, path: str, problems: list[str]) -> Tiered | None:
+def _tiered(raw: TieredSettings | None) -> Tiered | None:
     if raw is None:
         return None
-    if isinstance(raw, list):
-        raw = {"values": raw}
-    if not isinstance(raw, dict) or not isinstance(raw.get("values"), list) or not raw["values"]:
-        problems.append(f"{path}: expected {{values: [...], default, price_multiplier: {{...}}}}")
-        return None
-    values = [str(v) for v in raw["values"]]
-    default = str(raw["default"]) if raw.get("default") is not None else values[0]
-    if default not in values:
-        problems.append(f"{path}.default: {default!r} is not one of values")
-    mults = {str(k): _fraction(v, f"{path}.price_multiplier.{k}", problems)
-             for k, v in (raw.get("price_multiplier") or {}).items()}
-    unknown = set(mults) - set(values)
-    if unknown:
-        problems.append(f"{path}.price_multiplier: {sorted(unknown)} not in values")
-    return Tiered(values, default, mults)
+    return Tiered(list(raw.values), raw.default, dict(raw.price_multiplier))
 
 
-def _duration(raw, path: str, problems: list[str]) -> Duration | None:
+def _duration(raw: DurationOption | None, path: str, problems: list[str]) -> Duration | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        problems.append(f"{path}: expected {{min, max, step, default}} or {{values, default}}")
-        return None
-    try:
-        d = Duration(minimum=float(raw["min"]) if "min" in raw else None,
-                     maximum=float(raw["max"]) if "max" in raw else None,
-                     step=float(raw["step"]) if raw.get("step") else None,
-                     values=[float(v) for v in raw.get("values") or []])
-        d.default = float(raw.get("default", d.values[0] if d.values else d.minimum or 5))
-    except (TypeError, ValueError):
-        problems.append(f"{path}: durations must be numbers of seconds")
-        return None
+    d = Duration(minimum=raw.min, maximum=raw.max, step=raw.step, values=list(raw.values))
+    d.default = raw.default if raw.default is not None else (d.values[0] if d.values else d.minimum or 5)
     if not d.values and (d.minimum is None or d.maximum is None):
         problems.append(f"{path}: give min and max, or values")
     elif not d.allows(d.default):
@@ -168,64 +112,32 @@ def _duration(raw, path: str, problems: list[str]) -> Duration | None:
     return d
 
 
-def _model(entry, kind: str, path: str, cfg: Config, problems: list[str]) -> MediaModel | None:
-    if not isinstance(entry, dict):
-        problems.append(f"{path}: expected a mapping")
-        return None
+def _model(entry: MediaEntry, path: str, cfg: Config, problems: list[str]) -> MediaModel | None:
     before = len(problems)
-    mid, provider = entry.get("id"), entry.get("provider")
-    if not isinstance(mid, str) or not mid:
-        problems.append(f"{path}.id: required")
-    if provider not in cfg.providers:
-        problems.append(f"{path}.provider: no provider named {provider!r} under providers")
-    ops = IMAGE_OPERATIONS if kind == "image" else VIDEO_OPERATIONS
-    upstream = entry.get("upstream")
-    if isinstance(upstream, str) or upstream is None:
-        operations = entry.get("operations") or ["generate" if kind == "image" else "text_to_video"]
-        upstream = {op: upstream or str(mid).split("/", 1)[-1] for op in operations}
-    if not isinstance(upstream, dict) or not upstream:
-        problems.append(f"{path}.upstream: expected a model id or a map per operation")
-        return None
-    bad = [op for op in upstream if op not in ops]
-    if bad:
-        problems.append(f"{path}.upstream: unknown operations {bad} (known: {', '.join(ops)})")
-    price_keys = ("list_usd_per_image",) if kind == "image" else ("list_usd_per_second", "list_usd_per_video")
-    given = [k for k in price_keys if k in entry]
-    if len(given) != 1:
-        problems.append(f"{path}: give exactly one of {', '.join(price_keys)}")
-        return None
-    per = given[0].rsplit("_", 1)[-1]
-    list_micro = _money(entry[given[0]], f"{path}.{given[0]}", problems)
-    own_key = given[0].replace("list_", "")
-    service = _money(entry[own_key], f"{path}.{own_key}", problems) if own_key in entry else None
-    options = entry.get("options") or {}
-    if not isinstance(options, dict):
-        problems.append(f"{path}.options: expected a mapping")
-        options = {}
-    audio = options.get("audio")
+    kind, operations = entry.kind, entry.offered()
+    upstream = dict(entry.upstream) if isinstance(entry.upstream, dict) else \
+        {op: entry.upstream or entry.id.split("/", 1)[-1] for op in operations}
+    per = "image" if kind == "image" else "second" if entry.list_usd_per_second is not None else "video"
+    list_micro = getattr(entry, f"list_usd_per_{per}")
+    service = getattr(entry, f"usd_per_{per}")
+    options = entry.options
+    audio = options.audio
     model = MediaModel(
-        id=str(mid), label=str(entry.get("label") or mid), provider=str(provider), kind=kind,
-        upstream={str(k): str(v) for k, v in upstream.items()},
-        max_references=int(entry.get("max_references", 1 if "edit" in upstream else 0)),
-        list_micro=list_micro or 0, per=per,
-        service_micro=service if service is not None else
-        int((Decimal(list_micro or 0) * cfg.discount).to_integral_value(ROUND_HALF_UP)),
-        aspect_ratios=[str(a) for a in options.get("aspect_ratio") or []],
-        quality=_tiered(options.get("quality"), f"{path}.options.quality", problems),
-        resolution=_tiered(options.get("resolution"), f"{path}.options.resolution", problems),
-        duration=_duration(options.get("duration_seconds"), f"{path}.options.duration_seconds", problems),
-        audio_default=bool(audio.get("default", True)) if isinstance(audio, dict) else None,
-        audio_off_multiplier=_fraction(audio["audio_off_price_multiplier"],
-                                       f"{path}.options.audio.audio_off_price_multiplier", problems)
-        if isinstance(audio, dict) and "audio_off_price_multiplier" in audio else None,
-        reference_max_seconds=float((options.get("video_reference") or {}).get("max_seconds", 0)) or None,
-        timeout_seconds=float(entry.get("timeout_seconds", 300 if kind == "video" else 600)),
-        upstream_input=dict(entry.get("upstream_input") or {}),
-        upstream_fields={str(k): (None if v is None else str(v)) for k, v in (entry.get("upstream_fields") or {}).items()},
-        upstream_values={str(k): {str(a): b for a, b in (v or {}).items()}
-                         for k, v in (entry.get("upstream_values") or {}).items()},
-        free_tier=entry.get("free_tier"),
-        options_listing=options, note=entry.get("note"))
+        id=entry.id, label=entry.label or entry.id, provider=entry.provider, kind=kind, upstream=upstream,
+        max_references=entry.max_references if entry.max_references is not None else int("edit" in upstream),
+        list_micro=list_micro, per=per,
+        service_micro=service if service is not None else discounted(list_micro, cfg.discount),
+        aspect_ratios=list(options.aspect_ratio),
+        quality=_tiered(options.quality), resolution=_tiered(options.resolution),
+        duration=_duration(options.duration_seconds, f"{path}.options.duration_seconds", problems),
+        audio_default=audio.default if audio else None,
+        audio_off_multiplier=audio.audio_off_price_multiplier if audio else None,
+        reference_max_seconds=options.video_reference.max_seconds if options.video_reference else None,
+        timeout_seconds=entry.timeout_seconds or (300 if kind == "video" else 600),
+        upstream_input=dict(entry.upstream_input), upstream_fields=dict(entry.upstream_fields),
+        upstream_values={k: dict(v) for k, v in entry.upstream_values.items()},
+        free_tier=entry.free_tier, options_listing=options.model_dump(exclude_unset=True, mode="json"),
+        note=entry.note)
     if kind == "video" and model.duration is None:
         model.duration = Duration(values=[5.0], default=5.0)
     if model.resolution:

@@ -16,7 +16,7 @@ from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
 from .paywall import SCHEMA, Paywall
-from .settings import load_x402
+from .settings import PaymentsSection, load_x402
 
 PAYWALL = web.AppKey("paywall", Paywall)
 log = structlog.get_logger("x402")
@@ -25,6 +25,11 @@ log = structlog.get_logger("x402")
 @hookimpl
 def gateway_register_migrations(register):
     register("0200_x402_payments", SCHEMA)
+
+
+@hookimpl
+def gateway_register_settings(register):
+    register("payments", PaymentsSection)
 
 
 @hookimpl

@@ -9,16 +9,20 @@ makes the same payment unusable twice.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from config import MICRO
+from config.schema import Ratio, Section
 from plugins import hookimpl
 
 from .wire import Offer, Payment
 
-MICRO = 1_000_000
 
 
 class PaymentRefused(Exception):
@@ -49,11 +53,54 @@ class Asset:
         return atomic, -(-worth.numerator // worth.denominator)
 
 
+CAIP2 = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
+
+
+def _blank_is_none(value):
+    return None if value == "" else value
+
+
+class AssetSection(Section):
+    symbol: str = ""
+    address: str = ""                     # empty: a placeholder, skipped
+    decimals: int = Field(ge=0, le=36)
+    usd_rate: Annotated[Ratio | None, BeforeValidator(_blank_is_none)] = None   # USD per whole token
+    discount: Ratio = Fraction(0)
+    transfer: str = "eip3009"
+    eip712: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _rates(self):
+        if self.usd_rate is not None and self.usd_rate <= 0 or not 0 <= self.discount < 1:
+            raise ValueError("usd_rate must be > 0 and discount in [0, 1)")
+        return self
+
+
+class ChainSettings(Section):
+    type: str
+    network: str                          # CAIP-2, e.g. eip155:8453
+    pay_to: str = ""                      # empty: a placeholder, skipped
+    assets: list[AssetSection] = []
+
+    @field_validator("network")
+    @classmethod
+    def _caip2(cls, network: str) -> str:
+        if not CAIP2.match(network):
+            raise ValueError(f"expected a CAIP-2 network id such as eip155:8453, got {network!r}")
+        return network
+
+
+
+class SvmSettings(ChainSettings):
+    fee_payer: str = ""                   # the facilitator's fee-payer address
+
+
 class Chain:
     type_name: ClassVar[str] = ""
     required_settings: ClassVar[tuple[str, ...]] = ()   # left empty = a placeholder, skipped
+    Settings: ClassVar[type[ChainSettings]] = ChainSettings   # its YAML block under payments.x402.chains
 
-    def __init__(self, network: str, pay_to: str, assets: list[Asset], settings: dict[str, Any]):
+    def __init__(self, network: str, pay_to: str, assets: list[Asset], settings):
         self.network, self.pay_to, self.assets, self.settings = network, pay_to, assets, settings
 
     def offers(self, usd_micro: int, max_timeout: int, *, discounts: bool) -> list[Offer]:
@@ -150,9 +197,10 @@ class SvmChain(Chain):
     payer. The transaction is checked by the facilitator; the claim key is its hash."""
     type_name = "svm"
     required_settings = ("fee_payer",)
+    Settings = SvmSettings
 
     def extra(self, asset: Asset) -> dict[str, Any]:
-        return {"feePayer": self.settings.get("fee_payer", "")}
+        return {"feePayer": self.settings.fee_payer}
 
     def check(self, payment: Payment, offer: Offer) -> tuple[str, str]:
         tx = payment.inner.get("transaction")

@@ -1,22 +1,22 @@
-"""`payments.x402` and `credits` from the YAML, validated with key paths.
+"""`payments.x402` and `credits` from the YAML: their schemas and what they become.
 
 A chain without `pay_to`, or an asset without `address`, is left out (the shipped
 catalog has placeholders the operator fills in); x402 is on when at least one chain
-with one asset remains and a facilitator is set.
+with one asset remains and a facilitator is set. Each chain type declares its own block
+(`Chain.Settings`), so a key one type does not take is refused.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
-from config import Config, ConfigError
+from pydantic import model_validator
+
+from config import MICRO, Config, ConfigError, parse_section
+from config.schema import USD, Count, Ratio, Seconds, Section
 
 from .chains import Asset, Chain
-
-MICRO = 1_000_000
-
 
 @dataclass
 class X402Settings:
@@ -46,89 +46,94 @@ class CreditSettings:
         return int(amount * rate)
 
 
-def _fraction(value, path: str, problems: list[str], *, default: str) -> Fraction:
-    try:
-        return Fraction(Decimal(str(value if value is not None else default)))
-    except (InvalidOperation, ValueError):
-        problems.append(f"{path}: expected a number, got {value!r}")
-        return Fraction(default)
+# ---- schemas ---------------------------------------------------------------------
 
+class FacilitatorSection(Section):
+    url: str = ""
+    timeout_seconds: Seconds = 30
+    headers: dict[str, str] = {}
+
+
+class X402Section(Section):
+    facilitator: FacilitatorSection = FacilitatorSection()
+    max_timeout_seconds: Count = 300      # how long a signed payment stays valid
+    chains: list[dict[str, Any]] = []     # each checked against its type's Chain.Settings
+
+
+class PaymentsSection(Section):
+    """`payments:` in the YAML."""
+    x402: X402Section = X402Section()
+
+
+class TierSection(Section):
+    min_usd: USD
+    pct: Ratio
+
+
+class BonusSection(Section):
+    first_purchase_pct: Ratio = Fraction(0)
+    tiers: list[TierSection] = []
+
+
+class PurchaseSection(Section):
+    min_usd: USD = 3 * MICRO
+    max_usd: USD = 1000 * MICRO
+    bonus: BonusSection = BonusSection()
+
+    @model_validator(mode="after")
+    def _limits(self):
+        if self.max_usd > 1000 * MICRO:
+            raise ValueError("max_usd: at most 1000 (the service's limit)")
+        if not 0 < self.min_usd <= self.max_usd:
+            raise ValueError("min_usd: must be more than 0 and at most max_usd")
+        return self
+
+
+class CreditsSection(Section):
+    """`credits:` in the YAML."""
+    purchase: PurchaseSection = PurchaseSection()
+
+
+# ---- loading -----------------------------------------------------------------------
 
 def load_x402(cfg: Config, chain_types: dict[str, type]) -> X402Settings:
-    raw = cfg.section("payments").get("x402") or {}
+    raw: X402Section = cfg.settings("payments").x402
+    out = X402Settings(facilitator_url=raw.facilitator.url.rstrip("/"),
+                       facilitator_timeout=raw.facilitator.timeout_seconds,
+                       facilitator_headers=dict(raw.facilitator.headers), max_timeout_seconds=raw.max_timeout_seconds)
     problems: list[str] = []
-    out = X402Settings()
-    if not isinstance(raw, dict):
-        raise ConfigError([f"{cfg.path}: payments.x402: expected a mapping"])
-    fac = raw.get("facilitator") or {}
-    out.facilitator_url = str(fac.get("url") or "").rstrip("/")
-    out.facilitator_timeout = float(fac.get("timeout_seconds", 30))
-    out.facilitator_headers = {str(k): str(v) for k, v in (fac.get("headers") or {}).items()}
-    out.max_timeout_seconds = int(raw.get("max_timeout_seconds", 300))
-    for i, chain in enumerate(raw.get("chains") or []):
+    for i, block in enumerate(raw.chains):
         path = f"payments.x402.chains[{i}]"
-        if not isinstance(chain, dict):
-            problems.append(f"{path}: expected a mapping")
-            continue
-        cls = chain_types.get(chain.get("type"))
+        cls = chain_types.get(block.get("type"))
         if cls is None:
-            problems.append(f"{path}.type: no payment chain type {chain.get('type')!r} "
+            problems.append(f"{cfg.path}: {path}.type: no payment chain type {block.get('type')!r} "
                             f"(known: {', '.join(sorted(chain_types))})")
             continue
-        network = str(chain.get("network") or "")
-        if ":" not in network:
-            problems.append(f"{path}.network: expected a CAIP-2 id such as eip155:8453, got {network!r}")
+        try:
+            chain = parse_section(cfg, cls.Settings, block, path)
+        except ConfigError as err:
+            problems += err.problems
             continue
-        parsed = [_asset(a, f"{path}.assets[{j}]", problems, out.skipped)
-                  for j, a in enumerate(chain.get("assets") or [])]
-        assets = [a for a in parsed if a is not None]
-        missing = [k for k in ("pay_to", *cls.required_settings) if not chain.get(k)]
+        assets = []
+        for j, a in enumerate(chain.assets):
+            if not a.address:
+                out.skipped.append(f"{path}.assets[{j}] ({a.symbol or '?'}): no address")
+                continue
+            assets.append(Asset(symbol=a.symbol, address=a.address, decimals=a.decimals,
+                                usd_rate=a.usd_rate if a.usd_rate is not None else Fraction(1), discount=a.discount,
+                                transfer=a.transfer, eip712={k: v for k, v in a.eip712.items() if k in ("name", "version")}))
+        missing = [k for k in ("pay_to", *cls.required_settings) if not getattr(chain, k)]
         if missing:
-            out.skipped.append(f"{path} ({network}): no {', '.join(missing)}")
+            out.skipped.append(f"{path} ({chain.network}): no {', '.join(missing)}")
         elif assets:
-            out.chains.append(cls(network, str(chain["pay_to"]), assets, chain))
+            out.chains.append(cls(chain.network, chain.pay_to, assets, chain))
     if problems:
-        raise ConfigError([f"{cfg.path}: {p}" for p in problems])
+        raise ConfigError(problems)
     return out
-
-
-def _asset(raw: Any, path: str, problems: list[str], skipped: list[str]) -> Asset | None:
-    if not isinstance(raw, dict):
-        problems.append(f"{path}: expected a mapping")
-        return None
-    if not raw.get("address"):
-        skipped.append(f"{path} ({raw.get('symbol', '?')}): no address")
-        return None
-    decimals = raw.get("decimals")
-    if isinstance(decimals, bool) or not isinstance(decimals, int) or not 0 <= decimals <= 36:
-        problems.append(f"{path}.decimals: expected a whole number 0-36, got {decimals!r}")
-        return None
-    rate = _fraction(raw.get("usd_rate"), f"{path}.usd_rate", problems, default="1")
-    discount = _fraction(raw.get("discount"), f"{path}.discount", problems, default="0")
-    if rate <= 0 or not 0 <= discount < 1:
-        problems.append(f"{path}: usd_rate must be > 0 and discount in [0, 1)")
-        return None
-    eip712 = raw.get("eip712") or {}
-    return Asset(symbol=str(raw.get("symbol", "")), address=str(raw["address"]), decimals=decimals,
-                 usd_rate=rate, discount=discount, transfer=str(raw.get("transfer", "eip3009")),
-                 eip712={k: str(v) for k, v in eip712.items() if k in ("name", "version")})
 
 
 def load_credits(cfg: Config) -> CreditSettings:
-    raw = (cfg.section("credits").get("purchase") or {})
-    problems: list[str] = []
-    out = CreditSettings()
-    out.min_micro = int(_fraction(raw.get("min_usd"), "credits.purchase.min_usd", problems, default="3") * MICRO)
-    out.max_micro = int(_fraction(raw.get("max_usd"), "credits.purchase.max_usd", problems, default="1000") * MICRO)
-    bonus = raw.get("bonus") or {}
-    out.first_bonus = _fraction(bonus.get("first_purchase_pct"), "credits.purchase.bonus.first_purchase_pct",
-                                problems, default="0") / 100
-    for i, tier in enumerate(bonus.get("tiers") or []):
-        p = f"credits.purchase.bonus.tiers[{i}]"
-        floor = _fraction(tier.get("min_usd"), f"{p}.min_usd", problems, default="0")
-        out.tiers.append((int(floor * MICRO), _fraction(tier.get("pct"), f"{p}.pct", problems, default="0") / 100))
-    if out.max_micro > 1000 * MICRO:
-        problems.append("credits.purchase.max_usd: at most 1000 (the service's limit)")
-    if problems:
-        raise ConfigError([f"{cfg.path}: {p}" for p in problems])
-    return out
+    raw: PurchaseSection = cfg.settings("credits").purchase
+    return CreditSettings(min_micro=raw.min_usd, max_micro=raw.max_usd,
+                          first_bonus=raw.bonus.first_purchase_pct / 100,
+                          tiers=[(t.min_usd, t.pct / 100) for t in raw.bonus.tiers])
