@@ -27,12 +27,12 @@ def row(ctx: CallContext) -> UsageRow:
 
 def mark_written(ctx: CallContext) -> None:
     """The row went out with the call's settlement: don't write it again."""
-    ctx.state["usage_written"] = True
+    ctx.usage_written = True
 
 
 @hookimpl(trylast=True)
 async def gateway_record_usage(ctx: CallContext):
-    if ctx.state.get("usage_written"):
+    if ctx.usage_written:
         return
     await ctx.request.app[STORE].usage.record(row(ctx))
     mark_written(ctx)
