@@ -77,7 +77,7 @@ class ChatModel:
 class Config:
     path: str
     server: ServerSettings
-    storage_path: str
+    storage_url: str                  # sqlite:///PATH (made absolute) or postgresql://user:password@host:port/db
     discount: Fraction
     providers: dict[str, ProviderConfig]
     chat_models: dict[str, ChatModel]
@@ -247,12 +247,12 @@ def _build(file: str, raw: dict, unset: dict[str, str], base_dir: Path) -> Confi
                 for name, model in CORE_SECTIONS.items()}
     server: ServerSettings = sections["server"]
 
-    storage = raw.get("storage", "sqlite:///gateway.db")
-    storage_path = ""
-    if not isinstance(storage, str) or not storage.startswith("sqlite:///"):
-        problems.append(f"{file}: storage: expected sqlite:///PATH (e.g. sqlite:///gateway.db), got {storage!r}")
-    else:
-        storage_path = str(base_dir / (storage[len("sqlite:///"):] or "gateway.db"))
+    storage_url = raw.get("storage", "sqlite:///gateway.db")
+    if not isinstance(storage_url, str) or not storage_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        problems.append(f"{file}: storage: expected sqlite:///PATH (e.g. sqlite:///gateway.db) or "
+                        f"postgresql://user:password@host:port/dbname, got {redact_url(storage_url)!r}")
+    elif storage_url.startswith("sqlite:///"):     # a relative file is relative to the config's folder
+        storage_url = "sqlite:///" + str(base_dir / (storage_url[len("sqlite:///"):] or "gateway.db"))
 
     providers: dict[str, ProviderConfig] = {}
     blocks = raw.get("providers") or {}
@@ -303,7 +303,7 @@ def _build(file: str, raw: dict, unset: dict[str, str], base_dir: Path) -> Confi
 
     if problems:
         raise ConfigError(problems)
-    return Config(path=file, server=server, storage_path=storage_path, discount=discount,
+    return Config(path=file, server=server, storage_url=storage_url, discount=discount,
                   providers=providers, chat_models=chat_models, plugins=plugins, raw=raw,
                   base_dir=base_dir, media_models=media, sections=sections)
 
@@ -333,3 +333,10 @@ def redact(node):
     if isinstance(node, list):
         return [redact(v) for v in node]
     return node
+
+
+def redact_url(url):
+    """A URL safe to log: its password becomes '***'."""
+    if not isinstance(url, str):
+        return url
+    return re.sub(r"^([a-z]+://[^:/@]*:).*@", r"\1***@", url)

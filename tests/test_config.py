@@ -40,7 +40,7 @@ def test_valid_config_prices_become_integers(tmp_path):
 @pytest.mark.parametrize("data,expected", [     # key-path mistakes: see test_config_errors.py
     ("a: [1, 2", "not valid YAML (line 1"),
     ("- just\n- a list\n", "top level must be a mapping"),
-    ({**VALID, "storage": "postgres://x"}, "storage: expected sqlite:///PATH"),
+    ({**VALID, "storage": "mysql://x"}, "storage: expected sqlite:///PATH"),
     ({**VALID, "include": ["missing.yaml"]}, "missing.yaml: cannot read"),
 ])
 def test_each_kind_of_mistake_names_file_and_path(tmp_path, data, expected):
