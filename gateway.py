@@ -25,7 +25,7 @@ from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
-from plugins.errors import GatewayError
+from plugins.errors import NOT_RETRYABLE, GatewayError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
@@ -135,6 +135,8 @@ async def errors_to_json(request: web.Request, handler):
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
     if REQUEST_ID in request:
         response.headers["X-Request-Id"] = request[REQUEST_ID]
+    if response.status in NOT_RETRYABLE:       # SDKs and agent CLIs stop retrying at once
+        response.headers["x-should-retry"] = "false"
 
 
 # ---- the chat pipeline ---------------------------------------------------------

@@ -35,11 +35,14 @@ def display_prefix(key: str) -> str:
 def credential(request) -> str | None:
     """The key a client sent, from either header, or None."""
     auth = request.headers.get("Authorization")
+    key = request.headers.get("x-api-key")
     if auth:
-        scheme, _, value = auth.partition(" ")
+        scheme, _, value = auth.strip().partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    key = request.headers.get("x-api-key")
+        if not (key and key.strip()):      # a key sent the wrong way is not "no key" (402 / x402)
+            raise GatewayError(401, "send the API key as `Authorization: Bearer chk_...` or `x-api-key: chk_...`; "
+                                    "this Authorization header has no Bearer scheme", code="invalid_authorization")
     return key.strip() if key and key.strip() else None
 
 

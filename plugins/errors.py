@@ -48,3 +48,16 @@ class GatewayError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, message, param=param, code=code)
+
+
+def model_not_available(model_id: str, reason: str) -> GatewayError:
+    """A catalog model whose provider cannot serve (no API key): retrying cannot help, so
+    it is a 400 (with x-should-retry: false), not a 503 the SDKs would retry."""
+    return GatewayError(400, f"model {model_id!r} is not available on this gateway: {reason}; "
+                             "GET /api/v1/models lists the models that can answer", param="model",
+                        code="model_not_available")
+
+
+# Statuses a client must not retry unchanged (sent as `x-should-retry: false`, which the
+# OpenAI and Anthropic SDKs and the Claude Code CLI honour).
+NOT_RETRYABLE = frozenset({400, 401, 402, 403, 404, 413, 422})

@@ -2,14 +2,15 @@
 
 This built-in resolves catalog ids. Special ids (svc/free, svc/smart) and aliases are
 resolved by plugins that run before it; an id nobody resolves is a 400 naming it.
-A model whose provider cannot serve (no API key yet) is a 503 that says what to set.
+A model whose provider cannot serve (no API key yet) is a non-retryable 400 that says
+what the operator must set.
 """
 from __future__ import annotations
 
 from . import hookimpl
 from .appstate import CONFIG, PROVIDERS
 from .context import CallContext, Route
-from .errors import GatewayError, bad_request
+from .errors import bad_request, model_not_available
 
 
 def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
@@ -22,8 +23,7 @@ def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> R
     provider = app[PROVIDERS][model.provider]
     reason = provider.unavailable_reason()
     if reason:
-        raise GatewayError(503, f"model {model_id!r} is not available right now: {reason}",
-                           code="provider_unavailable")
+        raise model_not_available(model_id, reason)
     return Route(model=model, provider=provider, requested_model=requested or model_id)
 
 

@@ -146,7 +146,7 @@ class AnthropicProvider(HTTPProvider):
 
     def build_request(self, req: ChatRequest, upstream: str) -> dict[str, Any]:
         if self.same_format(req):
-            body = {**req.raw, "model": upstream}
+            body = {**req.raw, "model": upstream, "max_tokens": req.max_tokens}   # the clamped cap the hold covers
             for name in SAMPLING_REFUSED.get(self.version, ()):
                 body.pop(name, None)
             return body

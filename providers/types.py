@@ -103,6 +103,7 @@ class Tool:
     kind: Literal["function", "custom"] = "function"
     strict: bool | None = None
     format: dict[str, Any] | None = None       # custom tools' input grammar
+    namespace: str | None = None               # the client's tool group (responses `namespace` tools)
 
 
 @dataclass(slots=True)

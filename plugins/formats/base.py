@@ -59,7 +59,8 @@ class Fields:
         return value
 
     def integer(self, name: str, *, default: int | None = None, minimum: int | None = None,
-                maximum: int | None = None, required: bool = False) -> int | None:
+                maximum: int | None = None, required: bool = False, clamp: int | None = None) -> int | None:
+        """An integer field; above `clamp` it becomes `clamp` (output caps: SPEC clamps, never refuses)."""
         value = self.body.get(name)
         if value is None:
             if required:
@@ -71,7 +72,7 @@ class Fields:
             raise self.fail(name, f"must be at least {minimum}, got {value}")
         if maximum is not None and value > maximum:
             raise self.fail(name, f"must be at most {maximum}, got {value}")
-        return value
+        return value if clamp is None else min(value, clamp)
 
     def number(self, name: str) -> float | None:
         value = self.body.get(name)

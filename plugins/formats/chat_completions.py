@@ -160,9 +160,9 @@ class ChatCompletionsFormat(ClientFormat):
             raise f.fail("n", f"must be 1 (one choice per call), got {n}")
         if "functions" in body or "function_call" in body:
             raise f.fail("functions", "the deprecated functions API is not supported; use tools")
-        max_tokens = f.integer("max_completion_tokens", minimum=1, maximum=MAX_TOKENS_CAP)
+        max_tokens = f.integer("max_completion_tokens", minimum=1, clamp=MAX_TOKENS_CAP)
         if max_tokens is None:
-            max_tokens = f.integer("max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1, maximum=MAX_TOKENS_CAP)
+            max_tokens = f.integer("max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1, clamp=MAX_TOKENS_CAP)
         tools = parse_tools(f)
         effort = f.string("reasoning_effort")
         return ChatRequest(

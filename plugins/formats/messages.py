@@ -144,7 +144,7 @@ class MessagesFormat(ClientFormat):
     def parse(self, body: Any) -> ChatRequest:
         f = Fields(body)
         model = f.string("model", required=True)
-        max_tokens = f.integer("max_tokens", required=True, minimum=1, maximum=MAX_TOKENS_CAP)
+        max_tokens = f.integer("max_tokens", required=True, minimum=1, clamp=MAX_TOKENS_CAP)
         tools = parse_tools(f)
         thinking = f.get("thinking")
         reasoning = None

@@ -2,7 +2,9 @@
 
 Stateless: nothing is stored, so `previous_response_id` and `conversation` are refused
 and each turn sends the whole conversation in `input`. Reasoning and hosted-tool input
-items are skipped; hosted tools (web search, ...) are ignored. Streams are real: each
+items are skipped; hosted tools (web search, ...) are ignored; the function tools of a
+`namespace` group reach upstreams as NAMESPACE__NAME and their calls come back with the
+client's name and `namespace`. Streams are real: each
 upstream delta becomes its event as it arrives, with `sequence_number` from 0.
 """
 from __future__ import annotations
@@ -78,7 +80,8 @@ def parse_input(f: Fields) -> list[Message]:
             value = it.get("input" if custom else "arguments", "")
             if not isinstance(value, str):
                 raise it.fail("input" if custom else "arguments", "must be a string")
-            call = ToolCall(it.string("call_id", required=True), it.string("name", required=True), value,
+            call = ToolCall(it.string("call_id", required=True),
+                            flat_name(it.string("namespace"), it.string("name", required=True)), value,
                             "custom" if custom else "function")
             _append(out, "assistant", [call])
         elif kind in ("function_call_output", "custom_tool_call_output"):
@@ -101,18 +104,39 @@ def _append(out: list[Message], role: str, parts: list) -> None:
         out.append(Message(role, parts))
 
 
-def parse_tools(f: Fields) -> list[Tool]:
+NAMESPACE_SEP = "__"     # a namespace's function reaches upstreams as NAMESPACE__NAME (a flat, valid name)
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    return f"{namespace}{NAMESPACE_SEP}{name}" if namespace else name
+
+
+def in_namespace(item: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+    """A function call to a tool the client sent inside a namespace group goes back with
+    the client's own name and its `namespace`."""
+    if item.get("type") == "function_call":
+        for tool in ctx.chat.tools:
+            if tool.namespace and tool.name == item["name"]:
+                item["name"] = item["name"][len(tool.namespace) + len(NAMESPACE_SEP):]
+                item["namespace"] = tool.namespace
+                break
+    return item
+
+
+def parse_tools(f: Fields, namespace: str | None = None) -> list[Tool]:
     tools = []
     for i, raw in enumerate(f.array("tools")):
-        t = Fields(raw, f"tools[{i}]")
+        t = Fields(raw, f.path(f"tools[{i}]"))
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind == "function":
+        if kind == "namespace" and namespace is None:      # a group of functions (the Codex CLI's sub-agents)
+            tools += parse_tools(t, t.string("name", required=True))
+        elif kind == "function":
             params = raw.get("parameters")
             if params is not None and not isinstance(params, dict):
                 raise t.fail("parameters", "must be a JSON schema object")
             strict = raw.get("strict")
-            tools.append(Tool(t.string("name", required=True), t.string("description"), params,
-                              strict=strict if isinstance(strict, bool) else None))
+            tools.append(Tool(flat_name(namespace, t.string("name", required=True)), t.string("description"), params,
+                              strict=strict if isinstance(strict, bool) else None, namespace=namespace))
         elif kind == "custom":
             tools.append(Tool(t.string("name", required=True), t.string("description"), kind="custom",
                               format=raw.get("format")))
@@ -148,7 +172,7 @@ class ResponsesFormat(ClientFormat):
         effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
         return ChatRequest(
             model=f.string("model", required=True), messages=parse_input(f),
-            max_tokens=f.integer("max_output_tokens", default=MAX_OUTPUT_CAP, minimum=1, maximum=MAX_OUTPUT_CAP),
+            max_tokens=f.integer("max_output_tokens", default=MAX_OUTPUT_CAP, minimum=1, clamp=MAX_OUTPUT_CAP),
             stream=f.boolean("stream"), tools=tools, tool_choice=parse_tool_choice(f, tools),
             temperature=f.number("temperature"), top_p=f.number("top_p"),
             reasoning={"effort": effort} if effort else None,
@@ -157,7 +181,7 @@ class ResponsesFormat(ClientFormat):
     def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
         if resp.raw_format == self.name and resp.raw:
             return {**resp.raw, "model": ctx.route.model.id}
-        output = [item for _, item in output_items(resp.content, ctx.call_id)]
+        output = [in_namespace(item, ctx) for _, item in output_items(resp.content, ctx.call_id)]
         return response_object(ctx, output, resp.stop_reason, usage_body(resp.usage))
 
     def stream_writer(self, ctx: CallContext) -> "ResponseEventWriter":
@@ -271,7 +295,8 @@ class ResponseEventWriter(StreamWriter):
             return self._ev(kind, item_id=item["id"], output_index=index, delta=ev.arguments)
         if isinstance(ev, ToolCallStart):
             out = self._close_text() + self._close_reasoning()
-            item = tool_item(f"fc_{self.ctx.call_id}_{len(self.items)}", ev.id, ev.name, ev.kind, "", "in_progress")
+            item = in_namespace(tool_item(f"fc_{self.ctx.call_id}_{len(self.items)}", ev.id, ev.name, ev.kind, "",
+                                          "in_progress"), self.ctx)
             self.tools[ev.index], added = self._add(item)
             return out + added
         if isinstance(ev, ReasoningDelta):

@@ -23,7 +23,7 @@ from config.schema import Count, Seconds, Section
 from plugins import hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
 from plugins.context import CallContext, Route
-from plugins.errors import GatewayError, bad_request
+from plugins.errors import GatewayError, bad_request, model_not_available
 from plugins.formats.base import ClientFormat, json_response, openai_error_body
 from plugins.pipeline import run_call, succeeded
 from providers.media_types import ImageJob, MediaFile
@@ -125,8 +125,7 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
     provider = app[PROVIDERS][model.provider]
     reason = provider.unavailable_reason()
     if reason:
-        raise GatewayError(503, f"model {model_id!r} is not available right now: {reason}",
-                           code="provider_unavailable")
+        raise model_not_available(model_id, reason)
     f, prompt = ctx.media_fields, ctx.prompt
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
     allow = app[MEDIA].allow_private
@@ -234,7 +233,8 @@ def media_listing(app) -> dict[str, Any]:
     for m in app[MEDIA].catalog.values():
         entry = {"id": m.id, "label": m.label, "provider": m.provider, "kind": m.kind, "operations": m.operations,
                  "max_references": m.max_references, "options": m.options_listing,
-                 f"usd_per_{m.per}": usd(m.service_micro), f"list_usd_per_{m.per}": usd(m.list_micro)}
+                 f"usd_per_{m.per}": usd(m.service_micro), f"list_usd_per_{m.per}": usd(m.list_micro),
+                 "available": app[PROVIDERS][m.provider].unavailable_reason() is None}
         if m.free_tier:
             entry["free_tier"] = m.free_tier
         if m.note:
