@@ -83,6 +83,10 @@ async def _http_session(app: web.Application):
                                     json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=True)
     app[HTTP] = session
     app[PROVIDERS] = {p.name: app[PROVIDER_TYPES][p.type](p, session) for p in app[CONFIG].providers.values()}
+    missing = {name: p.config.unset_env.get("api_key") or f"providers.{name}.api_key"
+               for name, p in app[PROVIDERS].items() if p.unavailable_reason()}
+    if missing:        # their models are unlisted and refused until the operator sets what is named
+        log.warning("providers_without_keys", set=missing)
     yield
     await session.close()
 

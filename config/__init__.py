@@ -36,7 +36,7 @@ from .schema import (
 BUILTIN_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = BUILTIN_DIR / "gateway.yaml"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_SECRET_KEY = re.compile(r"(secret|api_key|password|token|private_key)", re.I)
+_SECRET_KEY = re.compile(r"(secret|api_key|password|(?<!max_)token|private_key)", re.I)
 
 
 class ConfigError(Exception):

@@ -96,7 +96,8 @@ async def test_run_serves_and_sigterm_finishes_in_flight_streams(cfg_file, tmp_p
 def test_run_without_config_uses_the_embedded_demo(tmp_path):
     port = free_port()
     proc = subprocess.Popen([*GATEWAY, "run", "--port", str(port)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "GATEWAY_DB": str(tmp_path / "d.db")})
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "GATEWAY_DB": str(tmp_path / "d.db"), "OPENAI_API_KEY": ""})
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/api/v1", api_key="unused", max_retries=0)
         for _ in range(300):
@@ -105,7 +106,7 @@ def test_run_without_config_uses_the_embedded_demo(tmp_path):
                 break
             except openai.APIConnectionError:
                 time.sleep(0.1)
-        assert "demo/echo" in ids and "openai/gpt-4o-mini" in ids
+        assert "demo/echo" in ids and "openai/gpt-4o-mini" not in ids      # no key: not listed
         assert (tmp_path / "d.db").exists()
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -150,7 +150,9 @@ async def test_video_defaults_steps_and_per_video_prices(media_gw):
 
 @pytest.mark.parametrize("body,param,words", [
     ({"duration_seconds": 6}, "duration_seconds", "4 to 12 seconds in steps of 4"),
-    ({"duration_seconds": "long"}, "duration_seconds", "number of seconds"),
+    ({"duration_seconds": "long"}, "duration_seconds", "must be a number, got a string"),
+    ({"duration_seconds": "8"}, "duration_seconds", "must be a number, got a string"),    # as max_tokens: "8" is
+    ({"seconds": "8"}, "seconds", "must be a number, got a string"),
     ({"resolution": "4K"}, "resolution", "allowed: 720p, 1080p"),
     ({"quality": "high"}, "quality", "only for svc/smart"),
     ({"input_images": [TINY_PNG]}, "input_images", "two or more references"),

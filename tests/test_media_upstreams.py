@@ -171,3 +171,31 @@ async def test_openai_images_generate_and_edit(ups):
     with pytest.raises(openai.BadRequestError) as info:
         await client.images.generate(model="openai/gpt-image-1", prompt="bad")
     assert "safety system" in info.value.message
+
+
+async def test_a_self_hosted_upstream_on_the_operators_network_works(aiohttp_server, start_gateway, tmp_path):
+    """An http:// provider on the operator's own network: its result links (same origin as
+    its configured base_url) are fetched as configured; a link elsewhere is the upstream's
+    fault (502, uncharged), never the client's (400). Private addresses stay refused for
+    URLs that clients send."""
+    fal = FakeFal()
+    fal.server = await aiohttp_server(fal.app)
+    gw = await start_gateway({
+        "providers": {"lan": {"type": "fal", "base_url": str(fal.server.make_url("")), "api_key": "fal-test-key",
+                              "poll_seconds": 0.01}},
+        "models": {"image": [{"id": "lan/flux", "provider": "lan",
+                              "list_usd_per_image": 0.05, "max_references": 1,
+                              "upstream": {"generate": "fal-ai/flux/dev", "edit": "fal-ai/flux/dev/edit"}}]},
+        "media": {"artifacts": {"dir": str(tmp_path / "art")}}})
+    key, account = await gw.key(10)
+    status, body = await post(gw, "/api/v1/images/generations", {"model": "lan/flux", "prompt": "a barn"}, key)
+    assert status == 200, body
+    assert (await download(gw, body["data"][0]["url"]))[1].startswith(PNG_MAGIC)
+    spent = 10 * MICRO - await gw.balance(account)
+    fal.result_origin = "http://10.255.255.1:9"            # a link off the provider's origin, on a private address
+    status, body = await post(gw, "/api/v1/images/generations", {"model": "lan/flux", "prompt": "a barn"}, key)
+    assert status == 502 and body["error"]["param"] == "result", body
+    assert await gw.balance(account) == 10 * MICRO - spent
+    status, body = await post(gw, "/api/v1/images/generations", {"model": "lan/flux", "prompt": "a barn",
+                                                                 "image_url": str(fal.server.make_url("/files/x"))}, key)
+    assert status == 400 and body["error"]["param"] == "reference"

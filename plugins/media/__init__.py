@@ -12,6 +12,7 @@ import base64
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -21,7 +22,7 @@ from aiohttp import web
 from config import ConfigError, parse_section, usd
 from config.schema import Count, Seconds, Section
 from plugins import hookimpl
-from plugins.appstate import CONFIG, PM, PROVIDERS
+from plugins.appstate import CONFIG, HTTP, PM, PROVIDERS
 from plugins.context import CallContext, Route
 from plugins.errors import GatewayError, bad_request, model_not_available
 from plugins.formats.base import ClientFormat, json_response, openai_error_body
@@ -188,13 +189,21 @@ async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any
     data, content_type = file.data, file.content_type
     if data is None:
         limit = (500 if endpoint.kind == "video" else 50) * MB
-        data, fetched_type = await fetch(app[MEDIA].fetcher, file.url, "result", max_bytes=limit, timeout=120,
-                                         allow_private=allow, status=502)
+        # A link on the provider's own configured origin (a self-hosted server on the operator's
+        # network, say) is fetched as that provider is reached; other links follow the address rules.
+        own = _origin(file.url) == _origin(getattr(ctx.route.provider, "base_url", ""))
+        data, fetched_type = await fetch(app[HTTP] if own else app[MEDIA].fetcher, file.url, "result",
+                                         max_bytes=limit, timeout=120, allow_private=allow or own, status=502)
         content_type = fetched_type if fetched_type.startswith(("image/", "video/")) else content_type
         return {"path": await app[MEDIA].store.save(data, content_type)}
-    if endpoint.kind == "image":
+    if endpoint.kind == "image" and ctx.media_fields.get("response_format") != "url":
         return {"b64_json": base64.b64encode(data).decode()}
     return {"path": await app[MEDIA].store.save(data, content_type)}
+
+
+def _origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    return (parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme))
 
 
 def _render(ctx: CallContext, endpoint: MediaEndpoint, files: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +234,10 @@ async def artifact(request: web.Request) -> web.StreamResponse:
 
 
 async def listing(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[MEDIA].listing, content_type="application/json")
+    media = request.app[MEDIA]
+    if not media.listing:            # built on first use: the providers (and their keys) exist then
+        media.listing = orjson.dumps(media_listing(request.app))
+    return web.Response(body=media.listing, content_type="application/json")
 
 
 def media_listing(app) -> dict[str, Any]:
@@ -260,9 +272,8 @@ def gateway_register_routes(register, config):
 
 
 async def _media_context(app):
-    """The fetch session for client and result URLs, the listing, and the artifact sweeper."""
+    """The fetch session for client and result URLs, and the artifact sweeper."""
     media = app[MEDIA]
-    media.listing = orjson.dumps(media_listing(app))
     media.fetcher = guarded_session(media.allow_private)
 
     async def sweep_forever():

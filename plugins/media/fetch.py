@@ -80,10 +80,14 @@ def decode_data_url(url: str, field: str, max_bytes: int) -> tuple[bytes, str]:
 
 async def fetch(session: aiohttp.ClientSession, url: str, field: str, *, max_bytes: int, timeout: float,
                 allow_private: bool, status: int = 400) -> tuple[bytes, str]:
-    """-> (bytes, content type). Failures are `status` errors naming the field."""
-    if url.startswith("data:"):
-        return decode_data_url(url, field, max_bytes)
-    check_url(url, field, allow_private=allow_private)
+    """-> (bytes, content type). Failures are `status` errors naming the field (400: the
+    client's URL; 502: an upstream's result)."""
+    try:
+        if url.startswith("data:"):
+            return decode_data_url(url, field, max_bytes)
+        check_url(url, field, allow_private=allow_private)
+    except GatewayError as err:
+        raise GatewayError(status, err.message, param=field) from None
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as resp:
             if resp.status != 200:

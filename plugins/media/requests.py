@@ -56,6 +56,8 @@ def image_job(f: Fields, prompt: str, model: MediaModel) -> ImageJob:
                      f"{model.id} cannot edit images (operations: {', '.join(model.operations)})")
     if len(refs) > model.max_references:
         raise f.fail("input_images", f"{model.id} takes at most {model.max_references} reference images")
+    if f.get("response_format") not in (None, "url", "b64_json"):
+        raise f.fail("response_format", "must be url or b64_json")
     return ImageJob(prompt=prompt, n=f.integer("n", default=1, minimum=1, maximum=MAX_IMAGES), operation=operation,
                     references=refs, aspect_ratio=_choice(f, "aspect_ratio", model.aspect_ratios, model),
                     quality=_choice(f, "quality", model.quality.values if model.quality else [], model),
@@ -82,16 +84,11 @@ def video_job(f: Fields, prompt: str, model: MediaModel) -> VideoJob:
         raise f.fail("video_url", f"{model.id} does not take a reference clip")
     if len(refs) > max(model.max_references, 0) and operation == "reference_to_video" and not video_url:
         raise f.fail("input_images", f"{model.id} takes at most {model.max_references} reference images")
-    seconds = f.get("duration_seconds", f.get("seconds"))
-    if seconds is None:
+    name = "seconds" if f.get("duration_seconds") is None else "duration_seconds"
+    duration = f.number(name)            # a number, as every numeric field: "8" is refused like max_tokens: "8"
+    if duration is None:
         duration = model.duration.default
     else:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float, str)):
-            raise f.fail("duration_seconds", "must be a number of seconds")
-        try:
-            duration = float(seconds)
-        except ValueError:
-            raise f.fail("duration_seconds", f"must be a number of seconds, got {seconds!r}") from None
         if not model.duration.allows(duration):
             raise f.fail("duration_seconds", f"{duration:g} is not offered by {model.id}; "
                                              f"allowed: {model.duration.describe()}")

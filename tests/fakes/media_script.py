@@ -172,6 +172,7 @@ class MediaUpstream(FakeUpstream):
         self.jobs: dict[str, Job] = {}
         self.files: dict[str, MediaFile] = {}
         self.downloads: list[str] = []
+        self.result_origin: str | None = None   # serve result links from another origin (a CDN)
         self._closing = asyncio.Event()
         self.app.router.add_get("/files/{name}", self._serve_file)
         self.app.on_shutdown.append(self._release_held)
@@ -216,7 +217,7 @@ class MediaUpstream(FakeUpstream):
         return media
 
     def file_url(self, request: web.Request, media: MediaFile) -> str:
-        return f"{base_url(request)}/files/{media.name}"
+        return f"{self.result_origin or base_url(request)}/files/{media.name}"
 
     async def _serve_file(self, request: web.Request) -> web.Response:
         media = self.files.get(request.match_info["name"])
