@@ -16,7 +16,7 @@ from gateway import create_app
 from plugins import ledger
 from plugins.accounts import create_account
 from plugins.appstate import STORE
-from tests.fakes import FakeAnthropic, FakeOpenAIChat
+from tests.fakes import FakeAnthropic, FakeGemini, FakeOpenAIChat, FakeOpenAIResponses
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = 1_000_000
@@ -144,3 +144,16 @@ def anthropic_upstream(fake: FakeAnthropic, **provider) -> dict:
             "models": {"chat": DEMO_MODELS + [
                 {"id": "up/claude", "provider": "up-anthropic", "upstream": "claude-sonnet-4-5", "tools": True,
                  **UPSTREAM_PRICES}]}}
+
+
+# Every remote chat upstream kind: name -> (fake class, provider settings from the fake's URL, upstream model id)
+UPSTREAMS = {
+    "openai": (FakeOpenAIChat, lambda u: {"type": "openai", "base_url": f"{u}/v1", "api_key": "sk-test-upstream"},
+               "gpt-4o-mini"),
+    "anthropic": (FakeAnthropic, lambda u: {"type": "anthropic", "base_url": u, "api_key": "sk-ant-test-upstream"},
+                  "claude-sonnet-4-5"),
+    "gemini": (FakeGemini, lambda u: {"type": "gemini", "base_url": u, "api_key": "gemini-test-key"},
+               "gemini-2.5-flash"),
+    "openai_responses": (FakeOpenAIResponses, lambda u: {"type": "openai_responses", "base_url": f"{u}/v1",
+                                                         "api_key": "sk-test-upstream"}, "gpt-5-mini"),
+}
