@@ -56,11 +56,11 @@ def write(conn, ctx: CallContext) -> None:
     """Insert the call's usage row on the store's thread, inside the caller's transaction
     (billing writes it with the settle, so a crash cannot keep one without the other)."""
     conn.execute(INSERT, row(ctx))
-    ctx.state["usage_written"] = True
+    ctx.usage_written = True
 
 
 @hookimpl(trylast=True)
 async def gateway_record_usage(ctx: CallContext):
-    if ctx.state.get("usage_written"):
+    if ctx.usage_written:
         return
     await ctx.request.app[STORE].transaction(write, ctx)

@@ -38,7 +38,7 @@ def gateway_configure(app, config):
 
 
 def paywall_for(ctx: CallContext) -> Paywall | None:
-    fmt = ctx.state["format"]
+    fmt = ctx.format
     paywall = ctx.request.app.get(PAYWALL)
     if ctx.principal is not None or not getattr(fmt, "accepts_x402", False) or not paywall or not paywall.enabled:
         return None
