@@ -107,7 +107,8 @@ async def test_unknown_ids_and_smart_are_400_in_the_messages_shape(setup, model,
     with pytest.raises(anthropic.BadRequestError) as info:
         await client.messages.create(model=model, max_tokens=10, messages=HI)
     assert info.value.body == {"type": "error", "error": {"type": "invalid_request_error",
-                                                          "message": info.value.body["error"]["message"]}}
+                                                          "message": info.value.body["error"]["message"]},
+                               "request_id": info.value.response.headers["x-request-id"]}   # as Anthropic's do
     assert words in info.value.body["error"]["message"]
     assert fake.requests == [] and await gw.balance(account) == MICRO
 
@@ -234,7 +235,9 @@ async def test_402_413_and_field_errors_use_the_messages_shape(setup):
     assert status == 413 and err["error"]["type"] == "request_too_large"
     status, err = await raw_post(gw, {"x-api-key": key}, {"model": "demo/echo", "messages": HI})
     assert status == 400 and err == {"type": "error", "error": {"type": "invalid_request_error",
-                                                                "message": "max_tokens: is required"}}
+                                                                "message": "max_tokens: is required"},
+                                     "request_id": err["request_id"]}
+    assert isinstance(err["request_id"], str) and err["request_id"]
     status, err = await raw_post(gw, {"x-api-key": key}, {"model": "demo/echo", "max_tokens": 40000, "messages": HI})
     assert status == 400 and "at most 32768" in err["error"]["message"]
 
