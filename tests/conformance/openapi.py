@@ -101,11 +101,17 @@ def _leaves(err: ValidationError) -> list[ValidationError]:
     by_branch: dict = {}
     for sub in err.context:
         by_branch.setdefault(sub.relative_schema_path[0], []).append(sub)
-    chosen = [errs for errs in by_branch.values()
-              if not any(e.validator in ("const", "enum") and list(e.relative_path)[-1:] == ["type"] for e in errs)]
+    chosen = [errs for errs in by_branch.values() if not any(_wrong_kind(e) for e in errs)]
     if len(chosen) == 1:
         return [leaf for e in chosen[0] for leaf in _leaves(e)]
     return _leaves(best_match(err.context))
+
+
+def _wrong_kind(err: ValidationError) -> bool:
+    """The branch is for another kind of value: another JSON type, or another `type` tag."""
+    if err.validator == "type" and not err.relative_path:
+        return True
+    return err.validator in ("const", "enum") and list(err.relative_path) == ["type"]
 
 
 def check(doc: str, name: str, instance: Any) -> list[Violation]:
