@@ -18,6 +18,8 @@ import re
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 OUT = Path(__file__).resolve().parent.parent / "tests" / "conformance" / "schemas"
 SOURCES = {
     "openai": {"repo": "openai/openai-openapi", "path": "openapi.json",
@@ -45,11 +47,18 @@ def referenced(schemas: dict, roots: list[str]) -> dict:
 
 
 def load(source: dict, file: str | None) -> dict:
+    """The whole document, from a local copy or GitHub at the pinned commit. JSON text (both
+    are today), else YAML."""
     if file:
-        return json.loads(Path(file).read_text())
-    url = f"https://raw.githubusercontent.com/{source['repo']}/{source['commit']}/{source['path']}"
-    with urllib.request.urlopen(url, timeout=60) as resp:       # noqa: S310 (fixed https URL)
-        return json.loads(resp.read())
+        text = Path(file).read_bytes()
+    else:
+        url = f"https://raw.githubusercontent.com/{source['repo']}/{source['commit']}/{source['path']}"
+        with urllib.request.urlopen(url, timeout=60) as resp:       # noqa: S310 (fixed https URL)
+            text = resp.read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return yaml.safe_load(text)
 
 
 def main() -> None:
