@@ -15,16 +15,11 @@ from plugins import hookimpl
 from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
-from .paywall import SCHEMA, Paywall
+from .paywall import Paywall
 from .settings import load_x402
 
 PAYWALL = web.AppKey("paywall", Paywall)
 log = structlog.get_logger("x402")
-
-
-@hookimpl
-def gateway_register_migrations(register):
-    register("0200_x402_payments", SCHEMA)
 
 
 @hookimpl
