@@ -156,3 +156,14 @@ UPSTREAMS = {
     "openai_responses": (FakeOpenAIResponses, lambda u: {"type": "openai_responses", "base_url": f"{u}/v1",
                                                          "api_key": "sk-test-upstream"}, "gpt-5-mini"),
 }
+
+
+async def gateway_over(kind: str, aiohttp_server, start_gateway):
+    """A gateway whose `up/model` is served by a fresh fake of upstream `kind` -> (fake, gateway)."""
+    fake_class, settings, upstream_id = UPSTREAMS[kind]
+    fake = fake_class()
+    server = await aiohttp_server(fake.app)
+    gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
+                              "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
+                                                                 "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+    return fake, gw

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tests.conformance.wire import allowed, check_body, check_stream, parse_sse
-from tests.conftest import DEMO_MODELS, UPSTREAM_PRICES, UPSTREAMS
+from tests.conftest import DEMO_MODELS, UPSTREAMS, gateway_over
 from tests.fakes import Reply, ToolCallSpec
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -94,12 +94,7 @@ async def served(request, aiohttp_server, start_gateway):
         models = [{**DEMO_MODELS[0], "id": "up/model"}]
         gw = await start_gateway({"models": {"chat": DEMO_MODELS + models}})
     else:
-        fake_class, settings, upstream_id = UPSTREAMS[name]
-        fake = fake_class()
-        server = await aiohttp_server(fake.app)
-        gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
-                                  "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
-                                                                     "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+        fake, gw = await gateway_over(name, aiohttp_server, start_gateway)
     key, _ = await gw.key(1)
     return name, gw, fake, key
 

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, UPSTREAMS
+from tests.conftest import MICRO, UPSTREAMS, gateway_over
 from tests.fakes import Reply, ToolCallSpec
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -140,12 +140,7 @@ END_STOP = {"chat_completions": "stop", "messages": "end_turn", "responses": "co
 
 @pytest.fixture(params=list(UPSTREAMS))
 async def upstream(request, aiohttp_server, start_gateway):
-    fake_class, settings, upstream_id = UPSTREAMS[request.param]
-    fake = fake_class()
-    server = await aiohttp_server(fake.app)
-    gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
-                              "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
-                                                                 "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+    fake, gw = await gateway_over(request.param, aiohttp_server, start_gateway)
     key, account = await gw.key(1)
     return request.param, fake, gw, key, account
 

@@ -112,17 +112,29 @@ BLOCK_DELTAS = {"text": {"text_delta", "citations_delta"}, "tool_use": {"input_j
                 "thinking": {"thinking_delta", "signature_delta"}}
 
 
-def _messages_stream(frames: list[Frame]) -> list[Violation]:
+def _typed_events(frames: list[Frame], rule: str, doc: str, schema_of) -> tuple[list[Violation], list[dict]]:
+    """Events with an `event:` line naming their `type`: each checked against the schema
+    `schema_of(type)` names (None: the type is not in the document)."""
     found: list[Violation] = []
     events = []
     for f in frames:
         data = json.loads(f.data)
         kind = data.get("type")
         if f.event != kind:
-            found.append(order("B", f"event line {f.event!r} differs from data.type {kind!r}"))
-        found += check("anthropic", event_schema("anthropic", "MessageStreamEvent", kind) or "ErrorResponse", data)
-        if kind != "ping":
-            events.append(data)
+            found.append(order(rule, f"event line {f.event!r} differs from data.type {kind!r}"))
+        name = schema_of(kind)
+        if name is None:
+            found.append(order(rule, f"event type {kind!r} is not in the document"))
+        else:
+            found += check(doc, name, data)
+        events.append(data)
+    return found, events
+
+
+def _messages_stream(frames: list[Frame]) -> list[Violation]:
+    found, events = _typed_events(   # Anthropic's stream error event has the error body's shape
+        frames, "B", "anthropic", lambda kind: event_schema("anthropic", "MessageStreamEvent", kind) or "ErrorResponse")
+    events = [e for e in events if e.get("type") != "ping"]
     kinds = [e["type"] for e in events]
     if not kinds or kinds[0] != "message_start":
         return found + [order("B", f"message_start comes first; got {kinds[:1]}")]
@@ -161,21 +173,11 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 def _responses_stream(frames: list[Frame], request: dict) -> list[Violation]:
-    found: list[Violation] = []
-    events = []
-    for f in frames:
-        data = json.loads(f.data)
-        kind = data.get("type")
-        if f.event != kind:
-            found.append(order("C", f"event line {f.event!r} differs from data.type {kind!r}"))
-        name = event_schema("openai", "ResponseStreamEvent", kind)
-        if name is None:
-            found.append(order("C", f"event type {kind!r} is not in ResponseStreamEvent"))
-        else:
-            found += check("openai", name, data)
-        if isinstance(data.get("response"), dict):
-            found += _echo(request, data["response"])
-        events.append(data)
+    found, events = _typed_events(frames, "C", "openai",
+                                  lambda kind: event_schema("openai", "ResponseStreamEvent", kind))
+    for e in events:
+        if isinstance(e.get("response"), dict):
+            found += _echo(request, e["response"])
     seq = [e.get("sequence_number") for e in events]
     if seq != list(range(len(events))):
         found.append(order("C", f"sequence_number runs from 0 with no gaps; got {seq}"))
