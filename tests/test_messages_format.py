@@ -7,6 +7,7 @@ import aiohttp
 import anthropic
 import pytest
 
+from tests.conformance.wire import parse_sse
 from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, anthropic_upstream, openai_upstream
 from tests.conftest import upstream_cost as cost
 from tests.fakes import Reply, ToolCallSpec
@@ -201,6 +202,18 @@ async def test_failure_mid_stream_is_an_error_event(setup):
         async with client.messages.stream(model="up/gpt", max_tokens=100, messages=HI) as stream:
             await stream.get_final_message()
     assert await gw.balance(account) == MICRO
+
+
+async def test_the_error_event_names_the_request_as_anthropics_do(setup):
+    gw, _, fake, _, _ = setup
+    key, _ = await gw.key(1)
+    fake.enqueue(Reply(text="a b c d e f", text_chunks=6, fail_after_events=2))
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{gw.url}/api/v1/messages", headers={"x-api-key": key},
+                          json={"model": "up/gpt", "max_tokens": 100, "stream": True, "messages": HI}) as r:
+            request_id, frames = r.headers["X-Request-Id"], parse_sse(await r.read())
+    assert frames[-1].event == "error"
+    assert json.loads(frames[-1].data)["request_id"] == request_id
 
 
 # ---- keys, limits, errors --------------------------------------------------------------

@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 import orjson
-
 from aiohttp import web
 
 from plugins import hookimpl
