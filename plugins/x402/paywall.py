@@ -8,6 +8,7 @@ settles only after the work succeeded; a failed call leaves the payment unsettle
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sqlite3
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ import structlog
 from plugins.errors import GatewayError
 from plugins.store import Store, now
 
-from .chains import PaymentRefused
+from . import upto
+from .errors import PaymentRefused
 from .settings import X402Settings
 from .wire import Offer, Payment, challenge, read_payment, settlement_header
 
@@ -59,21 +61,37 @@ class Paywall:
     def __init__(self, settings: X402Settings, public_url: str):
         self.settings = settings
         self.public_url = public_url
+        self.upto: dict[str, str] = {}     # network -> facilitator address, for networks it settles upto on
+        self.discovery: asyncio.Task | None = None   # retrying /supported while the facilitator is away
 
     @property
     def enabled(self) -> bool:
         return self.settings.enabled
 
-    def offers(self, usd_micro: int, *, discounts: bool) -> list[Offer]:
-        return [o for chain in self.settings.chains
-                for o in chain.offers(usd_micro, self.settings.max_timeout_seconds, discounts=discounts)]
+    def offers(self, usd_micro: int, *, discounts: bool, metered: bool = False) -> list[Offer]:
+        """Every way to pay `usd_micro`: `exact` offers, then (for `metered` calls, which
+        settle what they used) `upto` offers on networks whose facilitator settles upto."""
+        s = self.settings
+        out = [o for chain in s.chains for o in chain.offers(usd_micro, s.max_timeout_seconds, discounts=discounts)]
+        if metered and self.upto:
+            out += [o for chain in s.chains if chain.network in self.upto
+                    for o in chain.upto_offers(usd_micro, s.upto_max_timeout_seconds, self.upto[chain.network])
+                    if discounts or not o.asset.discount]
+        return out
+
+    async def discover_upto(self, http: aiohttp.ClientSession) -> None:
+        """Learn from the facilitator's /supported where it settles upto (raises if it cannot be asked)."""
+        found = await upto.discover(self.settings.facilitator_url, self.settings.facilitator_headers, http,
+                                    min(10.0, self.settings.facilitator_timeout))
+        self.upto = {n: a for n, a in found.items() if any(c.network == n and c.upto for c in self.settings.chains)}
+        log.info("x402_upto_networks", networks=sorted(self.upto))
 
     def resource(self, path: str, description: str) -> dict[str, str]:
         return {"url": self.public_url + path, "description": description, "mimeType": "application/json"}
 
     async def accept(self, headers, usd_micro: int, *, discounts: bool, resource: dict[str, str], ref: str,
-                     store: Store, http: aiohttp.ClientSession) -> Accepted:
-        offers = self.offers(usd_micro, discounts=discounts)
+                     store: Store, http: aiohttp.ClientSession, metered: bool = False) -> Accepted:
+        offers = self.offers(usd_micro, discounts=discounts, metered=metered)
         payment = read_payment(headers)
         if payment is None:
             raise challenge(offers, resource, f"payment required: {resource['description']}; pay one of accepts "
@@ -95,17 +113,19 @@ class Paywall:
         return accepted
 
     def _match(self, payment: Payment, offers: list[Offer]) -> tuple[Offer, str, str]:
-        if payment.scheme != "exact":
-            raise PaymentRefused("unsupported_scheme", f"scheme {payment.scheme!r} is not accepted; use exact")
+        schemes = sorted({o.scheme for o in offers if payment.version == 2 or o.scheme == "exact"})
+        if payment.scheme not in schemes:
+            raise PaymentRefused("unsupported_scheme",
+                                 f"scheme {payment.scheme!r} is not accepted here; use {' or '.join(schemes)}")
         if payment.version == 2:
             a = payment.accepted
             for offer in offers:
                 r = offer.requirement
-                if (a.get("network"), str(a.get("amount")), str(a.get("asset", "")).lower(),
-                        str(a.get("payTo", "")).lower()) == (r["network"], r["amount"], r["asset"].lower(),
-                                                             r["payTo"].lower()):
+                if (a.get("scheme"), a.get("network"), str(a.get("amount")), str(a.get("asset", "")).lower(),
+                        str(a.get("payTo", "")).lower()) == (r["scheme"], r["network"], r["amount"],
+                                                             r["asset"].lower(), r["payTo"].lower()):
                     return (offer, *offer.chain.check(payment, offer))
-            raise PaymentRefused("invalid_exact_payment_requirements",
+            raise PaymentRefused(f"invalid_{payment.scheme}_payment_requirements",
                                  "the payment does not match any way to pay this price (amount, asset, payee)")
         # v1 names no asset: the offer whose signature checks out is the one being paid.
         candidates = [o for o in offers if o.requirement["network"] == payment.network]
@@ -120,13 +140,15 @@ class Paywall:
         raise first
 
     def _refusal(self, offers, resource, reason: str, message: str) -> GatewayError:
-        err = challenge(offers, resource, f"payment refused: {message}")
+        err = challenge(offers, resource, f"payment refused ({reason}): {message}")
         err.code = reason
         return err
 
     async def _facilitate(self, action: str, payment: Payment, offer: Offer, resource: dict[str, str],
-                          http: aiohttp.ClientSession) -> dict[str, Any]:
+                          http: aiohttp.ClientSession, amount: int | None = None) -> dict[str, Any]:
         requirement = offer.requirement if payment.version == 2 else offer.v1(resource)
+        if amount is not None:          # upto at settle time: the amount is what is charged, not the maximum
+            requirement = {**requirement, "amount": str(amount)}
         body = {"x402Version": payment.version, "paymentPayload": payment.payload,
                 "paymentRequirements": requirement}
         url = f"{self.settings.facilitator_url}/{action}"
@@ -143,28 +165,43 @@ class Paywall:
             raise GatewayError(503, "the payment facilitator could not be reached; try again",
                                code="facilitator_unavailable") from None
 
-    async def settle(self, accepted: Accepted, store: Store, http: aiohttp.ClientSession) -> dict[str, Any]:
-        """Settle once the work is done. Returns the settlement (success or not); a failure
-        is logged and recorded, never raised."""
+    async def settle(self, accepted: Accepted, store: Store, http: aiohttp.ClientSession,
+                     amount: int | None = None) -> dict[str, Any]:
+        """Settle once the work is done: the offer's amount (exact), or `amount` units (upto,
+        at most the signed maximum). Returns the settlement (success or not); a failure is
+        logged and recorded, never raised."""
         try:
-            result = await self._facilitate("settle", accepted.payment, accepted.offer, accepted.resource, http)
+            result = await self._facilitate("settle", accepted.payment, accepted.offer, accepted.resource, http,
+                                            amount)
         except GatewayError as err:
             result = {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
-        result.setdefault("network", accepted.offer.requirement["network"])
-        result.setdefault("payer", accepted.payer)
         ok = bool(result.get("success"))
+        if ok and amount is not None:
+            result.setdefault("amount", str(amount))
         await store.transaction(_record, accepted.claim_key, "settled" if ok else "settle_failed",
-                                result.get("transaction"), result.get("errorReason"))
+                                result.get("transaction"), result.get("errorReason"), amount,
+                                accepted.offer.asset.worth(amount) if amount is not None else None)
         if not ok:
             log.warning("x402_settle_failed", claim=accepted.claim_key, reason=result.get("errorReason"))
+        return self._answer(accepted, result)
+
+    def settle_nothing(self, accepted: Accepted) -> dict[str, Any]:
+        """An upto call that used nothing: no transfer at all (the authorization expires)."""
+        return self._answer(accepted, {"success": True, "transaction": "", "amount": "0"})
+
+    def _answer(self, accepted: Accepted, result: dict[str, Any]) -> dict[str, Any]:
+        result.setdefault("network", accepted.offer.requirement["network"])
+        result.setdefault("payer", accepted.payer)
         accepted.settled = result
         accepted.headers = settlement_header(accepted.payment, {k: result.get(k) for k in (
-            "success", "transaction", "network", "payer", "errorReason") if result.get(k) is not None})
+            "success", "transaction", "network", "payer", "amount", "errorReason") if result.get(k) is not None})
         return result
 
-    async def release(self, accepted: Accepted, store: Store) -> None:
-        """The work failed: the payment stays unsettled (and unusable again)."""
-        await store.transaction(_record, accepted.claim_key, "unused", None, "work_failed")
+    async def release(self, accepted: Accepted, store: Store, reason: str = "work_failed") -> None:
+        """Nothing is settled: the work failed or (upto) used nothing. The payment stays
+        unusable again; an upto row records that nothing was taken."""
+        nothing = 0 if accepted.offer.scheme == upto.SCHEME else None
+        await store.transaction(_record, accepted.claim_key, "unused", None, reason, nothing, nothing)
 
 
 def _claim(conn: sqlite3.Connection, a: Accepted, ref: str) -> bool:
@@ -176,9 +213,12 @@ def _claim(conn: sqlite3.Connection, a: Accepted, ref: str) -> bool:
     return cur.rowcount == 1
 
 
-def _record(conn: sqlite3.Connection, key: str, status: str, tx: str | None, reason: str | None) -> None:
-    conn.execute("UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ? WHERE claim_key = ?",
-                 (status, tx, reason, now(), key))
+def _record(conn: sqlite3.Connection, key: str, status: str, tx: str | None, reason: str | None,
+            amount: int | None = None, usd_micro: int | None = None) -> None:
+    """The payment's outcome; an upto settlement also records what was actually taken."""
+    conn.execute("UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
+                 "amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?",
+                 (status, tx, reason, now(), None if amount is None else str(amount), usd_micro, key))
 
 
 def new_ref(prefix: str) -> str:
