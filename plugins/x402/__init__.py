@@ -21,16 +21,11 @@ from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
 from . import upto
-from .paywall import SCHEMA, Accepted, Paywall
+from .paywall import Accepted, Paywall
 from .settings import load_x402
 
 PAYWALL = web.AppKey("paywall", Paywall)
 log = structlog.get_logger("x402")
-
-
-@hookimpl
-def gateway_register_migrations(register):
-    register("0200_x402_payments", SCHEMA)
 
 
 @hookimpl

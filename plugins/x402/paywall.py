@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ import orjson
 import structlog
 
 from plugins.errors import GatewayError
-from plugins.store import Store, now
+from plugins.storage import PaymentClaim, Storage
 
 from . import upto
 from .errors import PaymentRefused
@@ -27,24 +26,6 @@ from .settings import X402Settings
 from .wire import Offer, Payment, challenge, read_payment, settlement_header
 
 log = structlog.get_logger("x402")
-
-SCHEMA = """
-CREATE TABLE x402_payments (
-    claim_key TEXT PRIMARY KEY,        -- one-time key: (network, asset, payer, nonce) or tx hash
-    network TEXT NOT NULL,
-    asset TEXT NOT NULL,
-    payer TEXT,
-    amount TEXT NOT NULL,              -- atomic units, as paid
-    usd_micro INTEGER NOT NULL,        -- what that amount is worth
-    ref TEXT NOT NULL,                 -- call id or order id
-    status TEXT NOT NULL,              -- claimed | settled | settle_failed | unused
-    tx TEXT,
-    reason TEXT,
-    created_at INTEGER NOT NULL,
-    settled_at INTEGER
-);
-"""
-
 
 @dataclass
 class Accepted:
@@ -90,7 +71,7 @@ class Paywall:
         return {"url": self.public_url + path, "description": description, "mimeType": "application/json"}
 
     async def accept(self, headers, usd_micro: int, *, discounts: bool, resource: dict[str, str], ref: str,
-                     store: Store, http: aiohttp.ClientSession, metered: bool = False) -> Accepted:
+                     store: Storage, http: aiohttp.ClientSession, metered: bool = False) -> Accepted:
         offers = self.offers(usd_micro, discounts=discounts, metered=metered)
         payment = read_payment(headers)
         if payment is None:
@@ -100,14 +81,16 @@ class Paywall:
             offer, payer, key = self._match(payment, offers)
         except PaymentRefused as refused:
             raise self._refusal(offers, resource, refused.reason, str(refused)) from None
-        if await store.fetchone("SELECT 1 FROM x402_payments WHERE claim_key = ?", (key,)):
+        if await store.payments.is_claimed(key):
             raise self._refusal(offers, resource, "payment_already_used", "this payment was already used; sign a new one")
         verdict = await self._facilitate("verify", payment, offer, resource, http)
         if not verdict.get("isValid"):
             reason = verdict.get("invalidReason") or "invalid_payment"
             raise self._refusal(offers, resource, reason, f"the facilitator refused the payment ({reason})")
         accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource)
-        if not await store.transaction(_claim, accepted, ref):
+        r = offer.requirement
+        if not await store.payments.claim(PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"],
+                                                       offer.usd_paid_micro, ref)):
             raise self._refusal(offers, resource, "payment_already_used",
                                 "this payment was already used; sign a new one")
         return accepted
@@ -165,7 +148,7 @@ class Paywall:
             raise GatewayError(503, "the payment facilitator could not be reached; try again",
                                code="facilitator_unavailable") from None
 
-    async def settle(self, accepted: Accepted, store: Store, http: aiohttp.ClientSession,
+    async def settle(self, accepted: Accepted, store: Storage, http: aiohttp.ClientSession,
                      amount: int | None = None) -> dict[str, Any]:
         """Settle once the work is done: the offer's amount (exact), or `amount` units (upto,
         at most the signed maximum). Returns the settlement (success or not); a failure is
@@ -178,9 +161,9 @@ class Paywall:
         ok = bool(result.get("success"))
         if ok and amount is not None:
             result.setdefault("amount", str(amount))
-        await store.transaction(_record, accepted.claim_key, "settled" if ok else "settle_failed",
-                                result.get("transaction"), result.get("errorReason"), amount,
-                                accepted.offer.asset.worth(amount) if amount is not None else None)
+        await store.payments.record(accepted.claim_key, "settled" if ok else "settle_failed",
+                                    result.get("transaction"), result.get("errorReason"), amount=amount,
+                                    usd_micro=accepted.offer.asset.worth(amount) if amount is not None else None)
         if not ok:
             log.warning("x402_settle_failed", claim=accepted.claim_key, reason=result.get("errorReason"))
         return self._answer(accepted, result)
@@ -197,28 +180,11 @@ class Paywall:
             "success", "transaction", "network", "payer", "amount", "errorReason") if result.get(k) is not None})
         return result
 
-    async def release(self, accepted: Accepted, store: Store, reason: str = "work_failed") -> None:
+    async def release(self, accepted: Accepted, store: Storage, reason: str = "work_failed") -> None:
         """Nothing is settled: the work failed or (upto) used nothing. The payment stays
         unusable again; an upto row records that nothing was taken."""
         nothing = 0 if accepted.offer.scheme == upto.SCHEME else None
-        await store.transaction(_record, accepted.claim_key, "unused", None, reason, nothing, nothing)
-
-
-def _claim(conn: sqlite3.Connection, a: Accepted, ref: str) -> bool:
-    r = a.offer.requirement
-    cur = conn.execute("INSERT OR IGNORE INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, "
-                       "ref, status, created_at) VALUES (?,?,?,?,?,?,?,'claimed',?)",
-                       (a.claim_key, r["network"], r["asset"], a.payer, r["amount"], a.offer.usd_paid_micro, ref,
-                        now()))
-    return cur.rowcount == 1
-
-
-def _record(conn: sqlite3.Connection, key: str, status: str, tx: str | None, reason: str | None,
-            amount: int | None = None, usd_micro: int | None = None) -> None:
-    """The payment's outcome; an upto settlement also records what was actually taken."""
-    conn.execute("UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
-                 "amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?",
-                 (status, tx, reason, now(), None if amount is None else str(amount), usd_micro, key))
+        await store.payments.record(accepted.claim_key, "unused", None, reason, amount=nothing, usd_micro=nothing)
 
 
 def new_ref(prefix: str) -> str:
