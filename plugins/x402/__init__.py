@@ -20,7 +20,7 @@ from plugins import hookimpl
 from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
-from . import upto
+from . import recovery, upto
 from .paywall import Accepted, Paywall
 from .settings import load_x402
 
@@ -36,21 +36,27 @@ def gateway_configure(app, config):
     if settings.skipped:
         log.info("x402_placeholders_skipped", skipped=settings.skipped)
     app[PAYWALL] = Paywall(settings, config.server.public_url)
-    if settings.enabled and any(c.upto for c in settings.chains):
-        app.cleanup_ctx.append(_stop_discovery)
+    if settings.enabled:
+        app.cleanup_ctx.append(_stop_background)
 
 
 @hookimpl
 async def gateway_startup(app):
-    """Ask the facilitator where it settles upto before serving; if it cannot be asked,
-    offer exact only and keep asking in the background."""
+    """Before serving: finish the payments of calls whose process died (and keep doing
+    so), and ask the facilitator where it settles upto (offering exact only, and asking
+    again in the background, if it cannot be asked)."""
     paywall = app.get(PAYWALL)
-    if paywall is None or not paywall.enabled or not any(c.upto for c in paywall.settings.chains):
+    if paywall is None or not paywall.enabled:
+        return
+    storage, http, loop = app[STORE], app[HTTP], asyncio.get_running_loop()
+    await recovery.finish_unfinished(storage, paywall, http)
+    paywall.background.append(loop.create_task(recovery.keep_finishing(storage, paywall, http)))
+    if not any(c.upto for c in paywall.settings.chains):
         return
 
     async def ask() -> bool:
         try:
-            await paywall.discover_upto(app[HTTP])
+            await paywall.discover_upto(http)
             return True
         except Exception as exc:          # unreachable, bad JSON, ...: exact still works
             log.warning("x402_upto_discovery_failed", error=str(exc) or type(exc).__name__)
@@ -61,13 +67,12 @@ async def gateway_startup(app):
             await asyncio.sleep(30)
 
     if not await ask():
-        paywall.discovery = asyncio.get_running_loop().create_task(keep_asking())
+        paywall.background.append(loop.create_task(keep_asking()))
 
 
-async def _stop_discovery(app: web.Application):
+async def _stop_background(app: web.Application):
     yield
-    task = app[PAYWALL].discovery
-    if task is not None:
+    for task in app[PAYWALL].background:
         task.cancel()
 
 

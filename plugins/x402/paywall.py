@@ -18,7 +18,7 @@ import orjson
 import structlog
 
 from plugins.errors import GatewayError
-from plugins.storage import PaymentClaim, Storage
+from plugins.storage import PaymentClaim, Storage, now
 
 from . import upto
 from .errors import PaymentRefused
@@ -36,6 +36,12 @@ class Accepted:
     resource: dict[str, str]
     settled: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    recoverable: bool = False        # a call's payment: recorded so another process can finish it
+
+    @property
+    def requirement(self) -> dict[str, Any]:
+        """The requirement as this payment's version names it (what the facilitator gets)."""
+        return self.offer.requirement if self.payment.version == 2 else self.offer.v1(self.resource)
 
 
 class Paywall:
@@ -43,7 +49,7 @@ class Paywall:
         self.settings = settings
         self.public_url = public_url
         self.upto: dict[str, str] = {}     # network -> facilitator address, for networks it settles upto on
-        self.discovery: asyncio.Task | None = None   # retrying /supported while the facilitator is away
+        self.background: list[asyncio.Task] = []     # recovery, and /supported retried while the facilitator is away
 
     @property
     def enabled(self) -> bool:
@@ -87,13 +93,29 @@ class Paywall:
         if not verdict.get("isValid"):
             reason = verdict.get("invalidReason") or "invalid_payment"
             raise self._refusal(offers, resource, reason, f"the facilitator refused the payment ({reason})")
-        accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource)
+        accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource, recoverable=metered)
         r = offer.requirement
-        if not await store.payments.claim(PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"],
-                                                       offer.usd_paid_micro, ref)):
+        recovery = {}
+        if metered:                      # what another process needs to finish this call's payment
+            recovery = {"settle_with": orjson.dumps({"version": payment.version, "payload": payment.payload,
+                                                     "requirement": accepted.requirement}).decode(),
+                        "deadline": self._deadline(payment, offer)}
+        claim = PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"], offer.usd_paid_micro, ref,
+                             scheme=offer.scheme, **recovery)
+        if not await store.payments.claim(claim):
             raise self._refusal(offers, resource, "payment_already_used",
                                 "this payment was already used; sign a new one")
         return accepted
+
+    @staticmethod
+    def _deadline(payment: Payment, offer: Offer) -> int:
+        """When the payment stops being settleable: its own deadline where it says one."""
+        inner = payment.inner
+        auth = inner.get("permit2Authorization") or inner.get("authorization") or {}
+        try:
+            return int(auth.get("deadline") or auth.get("validBefore"))
+        except (TypeError, ValueError):
+            return now() + int(offer.requirement["maxTimeoutSeconds"])
 
     def _match(self, payment: Payment, offers: list[Offer]) -> tuple[Offer, str, str]:
         schemes = sorted({o.scheme for o in offers if payment.version == 2 or o.scheme == "exact"})
@@ -128,12 +150,14 @@ class Paywall:
         return err
 
     async def _facilitate(self, action: str, payment: Payment, offer: Offer, resource: dict[str, str],
-                          http: aiohttp.ClientSession, amount: int | None = None) -> dict[str, Any]:
+                          http: aiohttp.ClientSession) -> dict[str, Any]:
         requirement = offer.requirement if payment.version == 2 else offer.v1(resource)
-        if amount is not None:          # upto at settle time: the amount is what is charged, not the maximum
-            requirement = {**requirement, "amount": str(amount)}
-        body = {"x402Version": payment.version, "paymentPayload": payment.payload,
-                "paymentRequirements": requirement}
+        return await self.post(action, payment.version, payment.payload, requirement, http)
+
+    async def post(self, action: str, version: int, payload: dict[str, Any], requirement: dict[str, Any],
+                   http: aiohttp.ClientSession) -> dict[str, Any]:
+        """One facilitator call (`verify` or `settle`); a facilitator that fails is a 503."""
+        body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirement}
         url = f"{self.settings.facilitator_url}/{action}"
         try:
             async with http.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json",
@@ -148,22 +172,36 @@ class Paywall:
             raise GatewayError(503, "the payment facilitator could not be reached; try again",
                                code="facilitator_unavailable") from None
 
+    async def settle_owed(self, version: int, payload: dict[str, Any], requirement: dict[str, Any],
+                          amount: int | None, http: aiohttp.ClientSession) -> dict[str, Any]:
+        """Settle `amount` units (upto: at settle time the requirement's amount is what is
+        charged, not the maximum; exact: None, the offer's own amount). Never raises."""
+        if amount is not None:
+            requirement = {**requirement, "amount": str(amount)}
+        try:
+            return await self.post("settle", version, payload, requirement, http)
+        except GatewayError as err:
+            return {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
+
     async def settle(self, accepted: Accepted, store: Storage, http: aiohttp.ClientSession,
                      amount: int | None = None) -> dict[str, Any]:
         """Settle once the work is done: the offer's amount (exact), or `amount` units (upto,
-        at most the signed maximum). Returns the settlement (success or not); a failure is
-        logged and recorded, never raised."""
-        try:
-            result = await self._facilitate("settle", accepted.payment, accepted.offer, accepted.resource, http,
-                                            amount)
-        except GatewayError as err:
-            result = {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
+        at most the signed maximum). A call's payment is recorded as owed first, so that if
+        this process dies now another finishes it. Returns the settlement (success or not);
+        a failure is logged and recorded, never raised."""
+        offer = accepted.offer
+        owed = amount if amount is not None else int(offer.requirement["amount"])
+        worth = offer.asset.worth(owed) if amount is not None else offer.usd_paid_micro
+        if accepted.recoverable:
+            await store.payments.owe(accepted.claim_key, owed, worth)
+        result = await self.settle_owed(accepted.payment.version, accepted.payment.payload, accepted.requirement,
+                                        amount, http)
         ok = bool(result.get("success"))
         if ok and amount is not None:
             result.setdefault("amount", str(amount))
         await store.payments.record(accepted.claim_key, "settled" if ok else "settle_failed",
                                     result.get("transaction"), result.get("errorReason"), amount=amount,
-                                    usd_micro=accepted.offer.asset.worth(amount) if amount is not None else None)
+                                    usd_micro=worth if amount is not None else None)
         if not ok:
             log.warning("x402_settle_failed", claim=accepted.claim_key, reason=result.get("errorReason"))
         return self._answer(accepted, result)
