@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from config import MICRO, Config, ConfigError, parse_section
 from config.schema import USD, Count, Ratio, Seconds, Section
@@ -24,6 +24,8 @@ class X402Settings:
     facilitator_timeout: float = 30.0
     facilitator_headers: dict[str, str] = field(default_factory=dict)
     max_timeout_seconds: int = 300
+    upto_max_timeout_seconds: int = 900          # an upto authorization must outlive the slowest render
+    upto_markup: Fraction = Fraction(1)          # keyless upto calls pay the keyed price times this
     chains: list[Chain] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)   # placeholders not filled in
 
@@ -54,9 +56,21 @@ class FacilitatorSection(Section):
     headers: dict[str, str] = {}
 
 
+class UptoSection(Section):
+    max_timeout_seconds: int = Field(900, ge=60)   # an upto authorization must outlive the slowest render
+    markup: Ratio = Fraction(1)                    # keyless upto calls pay the keyed price times this
+
+    @model_validator(mode="after")
+    def _markup(self):
+        if self.markup < 1:
+            raise ValueError("markup: at least 1 (keyless calls never pay less than keyed ones)")
+        return self
+
+
 class X402Section(Section):
     facilitator: FacilitatorSection = FacilitatorSection()
     max_timeout_seconds: Count = 300      # how long a signed payment stays valid
+    upto: UptoSection = UptoSection()
     chains: list[dict[str, Any]] = []     # each checked against its type's Chain.Settings
 
 
@@ -100,7 +114,8 @@ def load_x402(cfg: Config, chain_types: dict[str, type]) -> X402Settings:
     raw: X402Section = cfg.settings("payments").x402
     out = X402Settings(facilitator_url=raw.facilitator.url.rstrip("/"),
                        facilitator_timeout=raw.facilitator.timeout_seconds,
-                       facilitator_headers=dict(raw.facilitator.headers), max_timeout_seconds=raw.max_timeout_seconds)
+                       facilitator_headers=dict(raw.facilitator.headers), max_timeout_seconds=raw.max_timeout_seconds,
+                       upto_max_timeout_seconds=raw.upto.max_timeout_seconds, upto_markup=raw.upto.markup)
     problems: list[str] = []
     for i, block in enumerate(raw.chains):
         path = f"payments.x402.chains[{i}]"
@@ -121,7 +136,8 @@ def load_x402(cfg: Config, chain_types: dict[str, type]) -> X402Settings:
                 continue
             assets.append(Asset(symbol=a.symbol, address=a.address, decimals=a.decimals,
                                 usd_rate=a.usd_rate if a.usd_rate is not None else Fraction(1), discount=a.discount,
-                                transfer=a.transfer, eip712={k: v for k, v in a.eip712.items() if k in ("name", "version")}))
+                                transfer=a.transfer, eip712={k: v for k, v in a.eip712.items() if k in ("name", "version")},
+                                upto=a.upto))
         missing = [k for k in ("pay_to", *cls.required_settings) if not getattr(chain, k)]
         if missing:
             out.skipped.append(f"{path} ({chain.network}): no {', '.join(missing)}")
