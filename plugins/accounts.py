@@ -64,10 +64,10 @@ async def get_account(request):
 
 async def get_usage(request):
     p = await _principal(request)
-    try:
-        limit = min(max(int(request.query.get("limit", "50")), 1), 500)
-    except ValueError:
-        raise bad_request("limit must be a whole number from 1 to 500", param="limit") from None
+    text = request.query.get("limit", "50")
+    if not text.isdigit() or not 1 <= int(text) <= 500:
+        raise bad_request(f"limit must be a whole number from 1 to 500, got {text!r}", param="limit")
+    limit = int(text)
     rows = await request.app[STORE].usage.recent(p.account_id, limit)
     return json_response({"object": "list", "data": [{
         "call_id": r.call_id, "endpoint": r.endpoint, "requested_model": r.requested_model, "model": r.model,

@@ -13,6 +13,7 @@ from . import hookimpl
 from .appstate import STORE
 from .auth import authenticate_request, forget
 from .errors import GatewayError, bad_request
+from .ratelimit import admit_request
 from .formats.base import json_response, read_json
 
 async def register_agent(request: web.Request) -> web.Response:
@@ -20,6 +21,7 @@ async def register_agent(request: web.Request) -> web.Response:
     if principal is None:
         raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
                            code="missing_api_key")
+    limit_headers = admit_request(request, principal)
     body = await read_json(request)
     name = body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name.strip():
@@ -33,7 +35,7 @@ async def register_agent(request: web.Request) -> web.Response:
     note = ("key attached: usage on this key shows under the agent" if attached else
             "this key already belongs to another agent and stays with it")
     return json_response({"agent": {"id": agent_id, "name": name}, "key_attached": attached, "note": note},
-                         status=201 if created else 200)
+                         status=201 if created else 200, headers=limit_headers)
 
 
 @hookimpl

@@ -91,8 +91,8 @@ def eligible(ctx: CallContext, input_tokens: int, output_tokens: int) -> int:
     """The part of a call's price the allowance may cover (micro-USD)."""
     settings: FreeSettings = ctx.request.app[FREE]
     if not settings.daily_micro or ctx.principal is None or ctx.route is None or \
-            ctx.route.requested_model == SMART_ID:
-        return 0
+            ctx.route.requested_model == SMART_ID or ctx.format.name == "messages":
+        return 0                  # svc/smart and /messages (SPEC: credits only) never use it
     model = ctx.route.model
     if ctx.chat is not None:
         if model.id in settings.models:

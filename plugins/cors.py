@@ -9,7 +9,8 @@ from . import hookimpl
 
 ALLOW_HEADERS = ("Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, "
                  "PAYMENT-SIGNATURE, X-PAYMENT, X-Request-Id")
-EXPOSE_HEADERS = "PAYMENT-REQUIRED, PAYMENT-RESPONSE, X-PAYMENT-RESPONSE, X-Request-Id, Retry-After"
+EXPOSE_HEADERS = ("PAYMENT-REQUIRED, PAYMENT-RESPONSE, X-PAYMENT-RESPONSE, X-Request-Id, Retry-After, "
+                  "RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset, x-should-retry")
 
 
 def _origin(request: web.Request, allowed: list[str]) -> str | None:

@@ -15,6 +15,7 @@ from .appstate import HTTP, STORE
 from .auth import authenticate_request
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
+from .ratelimit import admit_request
 from .storage import CreditPurchase
 from .x402 import PAYWALL
 from .x402.paywall import new_ref
@@ -53,6 +54,7 @@ async def purchase(request: web.Request) -> web.Response:
     if principal is None:
         raise GatewayError(401, "send your API key (Authorization: Bearer chk_...) so the right account is "
                                 "credited", code="missing_api_key")
+    admit_request(request, principal)               # the caller's rpm, as on every other call
     settings = request.app[CREDITS]
     amount = _amount(await read_json(request), settings)
     paywall = request.app.get(PAYWALL)

@@ -85,11 +85,27 @@ def gateway_configure(app, config):
     app[LIMITS] = Limits(section.per_key, section.per_address, MemoryLimits())
 
 
-def _who(ctx: CallContext) -> tuple[str, dict]:
-    limits = ctx.request.app[LIMITS]
-    if ctx.principal is not None:
-        return f"key:{ctx.principal.key_id}", limits.per_key
-    return f"addr:{ctx.request.remote}", limits.per_address
+def _who(request: web.Request, principal) -> tuple[str, Rule]:
+    limits = request.app[LIMITS]
+    if principal is not None:
+        return f"key:{principal.key_id}", limits.per_key
+    return f"addr:{request.remote}", limits.per_address
+
+
+def _take_request(limits: Limits, who: str, rpm: int, now: float) -> dict[str, str]:
+    """One request from the caller's rpm bucket -> RateLimit-* headers; a 429 when empty."""
+    ok, left, wait = limits.store.take(f"{who}:rpm", 1, float(rpm), now)
+    if not ok:
+        raise _refuse("requests", rpm, left, wait)
+    return _headers(rpm, left, 60.0 * (rpm - left) / rpm)
+
+
+def admit_request(request: web.Request, principal) -> dict[str, str]:
+    """The rpm limit for routes outside the call pipeline (agent registration, credit
+    purchases): raises the 429, or returns the RateLimit-* headers to send."""
+    limits = request.app[LIMITS]
+    who, rules = _who(request, principal)
+    return _take_request(limits, who, rules.rpm, limits.clock()) if rules.rpm else {}
 
 
 def _tokens(ctx: CallContext) -> int:
@@ -104,15 +120,12 @@ def _headers(limit: float, left: float, reset: float) -> dict[str, str]:
 @hookimpl
 def gateway_admit(ctx: CallContext):
     limits = ctx.request.app[LIMITS]
-    who, rules = _who(ctx)
+    who, rules = _who(ctx.request, ctx.principal)
     now = limits.clock()
     rpm, tpm = rules.rpm, rules.tpm
     tokens = _tokens(ctx)
     if rpm:
-        ok, left, wait = limits.store.take(f"{who}:rpm", 1, float(rpm), now)
-        if not ok:
-            raise _refuse("requests", rpm, left, wait)
-        ctx.response_headers.update(_headers(rpm, left, 60.0 * (rpm - left) / rpm))
+        ctx.response_headers.update(_take_request(limits, who, rpm, now))
     if tpm and tokens:
         ok, left, wait = limits.store.take(f"{who}:tpm", tokens, float(tpm), now)
         if not ok:
