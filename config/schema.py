@@ -151,6 +151,15 @@ class VideoReferenceOption(Section):
     max_seconds: Seconds
 
 
+class FreeTier(Section):
+    """Limits within which a keyed call uses the daily allowance; an unlisted limit is no limit."""
+    operations: list[str] | None = None
+    max_n: Count | None = None
+    quality: list[str] | None = None
+    resolution: list[str] | None = None
+    max_duration_seconds: Seconds | None = None
+
+
 class MediaOptions(Section):
     aspect_ratio: list[str] = []
     quality: Tiered | None = None
@@ -184,7 +193,7 @@ class MediaEntry(Section):
     upstream_input: dict[str, Any] = {}
     upstream_fields: dict[str, str | None] = {}
     upstream_values: dict[str, dict[str, Any]] = {}
-    free_tier: dict[str, Any] | None = None
+    free_tier: FreeTier | None = None
     timeout_seconds: Seconds | None = None
     note: str | None = None
 

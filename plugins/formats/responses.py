@@ -24,6 +24,7 @@ from providers.types import (
 )
 
 from .base import ClientFormat, Fields, StreamWriter, named_tool, openai_error_body, parallel_flag
+from .namespaces import flat_name, in_namespace
 
 MAX_OUTPUT_CAP = 32768
 KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -102,25 +103,6 @@ def _append(out: list[Message], role: str, parts: list) -> None:
         out[-1].parts.extend(parts)
     else:
         out.append(Message(role, parts))
-
-
-NAMESPACE_SEP = "__"     # a namespace's function reaches upstreams as NAMESPACE__NAME (a flat, valid name)
-
-
-def flat_name(namespace: str | None, name: str) -> str:
-    return f"{namespace}{NAMESPACE_SEP}{name}" if namespace else name
-
-
-def in_namespace(item: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
-    """A function call to a tool the client sent inside a namespace group goes back with
-    the client's own name and its `namespace`."""
-    if item.get("type") == "function_call":
-        for tool in ctx.chat.tools:
-            if tool.namespace and tool.name == item["name"]:
-                item["name"] = item["name"][len(tool.namespace) + len(NAMESPACE_SEP):]
-                item["namespace"] = tool.namespace
-                break
-    return item
 
 
 def parse_tools(f: Fields, namespace: str | None = None) -> list[Tool]:

@@ -136,7 +136,7 @@ def _model(entry: MediaEntry, path: str, cfg: Config, problems: list[str]) -> Me
         timeout_seconds=entry.timeout_seconds or (300 if kind == "video" else 600),
         upstream_input=dict(entry.upstream_input), upstream_fields=dict(entry.upstream_fields),
         upstream_values={k: dict(v) for k, v in entry.upstream_values.items()},
-        free_tier=entry.free_tier, options_listing=options.model_dump(exclude_unset=True, mode="json"),
+        free_tier=entry.free_tier.model_dump(exclude_none=True) if entry.free_tier else None, options_listing=options.model_dump(exclude_unset=True, mode="json"),
         note=entry.note)
     if kind == "video" and model.duration is None:
         model.duration = Duration(values=[5.0], default=5.0)
