@@ -28,7 +28,7 @@ from plugins.errors import GatewayError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
-from plugins.store import Store, collect_migrations
+from plugins.storage import collect_migrations, leases, open_storage
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )
@@ -69,9 +69,12 @@ def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=Non
 
 async def _database(app: web.Application):
     cfg = app[CONFIG]
-    store = await Store.open(cfg.storage_path, collect_migrations(app[PM]))
+    store = await open_storage(cfg.storage_url, collect_migrations(app[PM]))
     app[STORE] = store
+    await leases.release_expired(store)       # holds of processes that died (never a live one's)
+    keeper = asyncio.get_running_loop().create_task(leases.keep_leases(store))
     yield
+    keeper.cancel()
     await store.close()
 
 
@@ -266,7 +269,7 @@ def cmd_run(args) -> int:
         uvloop.install()
     except ImportError:
         pass
-    log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
+    log.info("starting", host=host, port=port, config=cfg.path, storage=config_mod.redact_url(cfg.storage_url),
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
