@@ -185,11 +185,12 @@ async def create_key(request):
 @admin
 async def revoke_key(request):
     store, key_id = request.app[STORE], _id(request)
-    revoked = await writes.revoke(store, key_id)
-    if revoked is None:
+    found = await reports.key(store, key_id)
+    if found is None:
         raise GatewayError(404, f"no key {key_id}", code="key_not_found")
+    await store.keys.revoke(key_id)
     forget()
-    return json_response({"id": key_id, "revoked_at": revoked})
+    return json_response({"id": key_id, "revoked_at": (await reports.key(store, key_id))["revoked_at"]})
 
 
 # ---- usage and ledger ----------------------------------------------------------------------

@@ -61,8 +61,9 @@ def cmd_keys_revoke(args) -> int:
             return _fail("no key matches (give the whole key, or its prefix as `gateway keys list` shows it)")
         if len(matches) > 1:
             return _fail(f"{len(matches)} keys start with {args.key!r}; give more of the key")
-        revoked = await writes.revoke(store, matches[0]["id"])
+        await store.keys.revoke(matches[0]["id"])
         forget()
+        revoked = (await reports.key(store, matches[0]["id"]))["revoked_at"]
         print(f"key {matches[0]['prefix']}... (id {matches[0]['id']}) revoked at {revoked}")
         return 0
     return with_store(args, work)

@@ -24,7 +24,7 @@ def account(row) -> dict[str, Any]:
 def key(row) -> dict[str, Any]:
     return {"id": row["id"], "account_id": row["account_id"], "prefix": row["prefix"], "name": row["name"],
             "agent_id": row["agent_id"], "created_at": row["created_at"], "revoked_at": row["revoked_at"],
-            "last_used_at": row["last_used_at"], "spend_usd": usd(row["spend_micro"])}
+            "last_used_at": row["last_used_at"], "spend_usd": usd(int(row["spend_micro"]))}
 
 
 def agent(row) -> dict[str, Any]:
@@ -50,10 +50,10 @@ def _day(ts: int) -> str:
 
 
 def summary(groups: dict[str, list]) -> dict[str, list[dict[str, Any]]]:
-    return {"by_day": [{"day": _day(r["day"]), "calls": r["calls"], "usd": usd(r["usd_micro"])} for r in groups["by_day"]],
-            "by_model": [{"model": r["model"], "calls": r["calls"], "usd": usd(r["usd_micro"])}
+    return {"by_day": [{"day": _day(r["day"]), "calls": r["calls"], "usd": usd(int(r["usd_micro"]))} for r in groups["by_day"]],
+            "by_model": [{"model": r["model"], "calls": r["calls"], "usd": usd(int(r["usd_micro"]))}
                          for r in groups["by_model"]],
-            "by_endpoint": [{"endpoint": r["endpoint"], "calls": r["calls"], "usd": usd(r["usd_micro"])}
+            "by_endpoint": [{"endpoint": r["endpoint"], "calls": r["calls"], "usd": usd(int(r["usd_micro"]))}
                             for r in groups["by_endpoint"]]}
 
 

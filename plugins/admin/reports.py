@@ -69,6 +69,10 @@ async def keys(store, account_id: int | None = None) -> list[Any]:
         f"FROM api_keys k {where} ORDER BY k.id", params)
 
 
+async def key(store, key_id: int):
+    return await store.fetchone("SELECT id, prefix, account_id, revoked_at FROM api_keys WHERE id = ?", (key_id,))
+
+
 async def keys_matching(store, text: str) -> list[Any]:
     """Keys named by a whole key (its hash) or by the start of the prefix `keys list` shows."""
     if len(text) > PREFIX_LENGTH:

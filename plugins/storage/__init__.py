@@ -49,6 +49,10 @@ class Ledger(Protocol):
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         """Add credits (kind: grant | purchase | bonus); -> the new balance."""
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        """The operator's signed adjustment, kind `adjustment` with the reason as its ref;
+        -> the new balance, or None (nothing changed) if a negative one exceeds the balance."""
+
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         """Hold money for a call (the allowance first, then credits, as one conditional
         debit). None (nothing changed) if the credits are short."""

@@ -137,6 +137,17 @@ def _credit(conn, account_id: int, amount: int, kind: str, ref: str | None) -> i
     return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
 
 
+def _adjust(conn, account_id: int, amount: int, reason: str) -> int | None:
+    """A signed ledger entry by the operator; a negative one only while the balance covers it."""
+    cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro + ? WHERE id = ? AND balance_micro + ? >= 0",
+                       (amount, account_id, amount))
+    if cur.rowcount != 1:
+        return None
+    conn.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) VALUES (?,?,?,?,?)",
+                 (account_id, amount, "adjustment", reason, now()))
+    return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
+
+
 def _reserve(conn, h: HoldRequest, owner: str, lease_until: int) -> Reserved | None:
     taken, free = 0, h.free
     if free is not None and free.want > 0:
@@ -218,6 +229,9 @@ class SQLiteLedger:
 
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         return await self._db.transaction(_credit, account_id, amount_micro, kind, ref)
+
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        return await self._db.transaction(_adjust, account_id, amount_micro, reason)
 
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         return await self._db.transaction(_reserve, hold, self._owner, now() + self._lease)
