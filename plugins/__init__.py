@@ -28,6 +28,7 @@ DEFAULT_PLUGINS = (
     "plugins.formats.messages",
     "plugins.formats.responses",
     "plugins.auth",
+    "plugins.keypolicy",
     "plugins.admission",
     "plugins.ratelimit",
     "plugins.moderation",

@@ -1,6 +1,7 @@
 """The admin API through HTTP: who may use it, accounts, credit adjustments as ledger
 entries, keys (create, list, revoke), usage and the ledger with filters, paging and CSV,
 and the account's own summaries. Calls are made with the official openai SDK."""
+import asyncio
 import csv
 import io
 import time
@@ -163,3 +164,75 @@ async def test_ledger_export_as_csv(ops):
     status, text, _ = await call(ops, "GET", f"/api/v1/admin/ledger?account={account}&format=csv", raw=True)
     rows = list(csv.DictReader(io.StringIO(text)))
     assert status == 200 and [(r["kind"], r["usd"]) for r in rows] == [("grant", "3.000000")]
+
+
+# ---- key policies: expiry, allowed models, a spend limit per day -------------------------------
+
+async def keyed(ops, account, **policy):
+    status, made = await call(ops, "POST", f"/api/v1/admin/accounts/{account}/keys", {"name": "p", **policy})
+    assert status == 201, made
+    return made["key"]
+
+
+async def test_a_key_outside_its_model_list_gets_403(ops):
+    _, account = await ops.key(1)
+    key = await keyed(ops, account, models=["demo/echo"])
+    await ops.openai(key).chat.completions.create(model="demo/echo", messages=HELLO)
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await ops.openai(key).chat.completions.create(model="svc/smart", messages=HELLO)
+    assert "may call only demo/echo" in refused.value.message
+    status, body = await call(ops, "POST", f"/api/v1/admin/accounts/{account}/keys", {"models": ["nope/model"]})
+    assert status == 400 and "nope/model" in body["error"]["message"]
+
+
+async def test_an_expired_key_gets_401_saying_so(ops, monkeypatch):
+    _, account = await ops.key(1)
+    key = await keyed(ops, account, expires_at=int(time.time()) + 2)
+    await ops.openai(key).chat.completions.create(model="demo/echo", messages=HELLO)
+    later = time.time() + 3
+    monkeypatch.setattr("plugins.keypolicy.time.time", lambda: later)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        await ops.openai(key).chat.completions.create(model="demo/echo", messages=HELLO)
+    assert "expired" in refused.value.message
+    status, body = await call(ops, "POST", f"/api/v1/admin/accounts/{account}/keys", {"expires_at": "2001-01-01"})
+    assert status == 400 and body["error"]["param"] == "expires_at"
+
+
+async def test_a_key_past_its_daily_limit_gets_402_naming_the_limit(ops):
+    _, account = await ops.key(5)
+    # one demo/echo call with max_tokens 100 reserves 1 + 100 x 2 micro at the 1.00/2.00 list (0.5 discount)
+    key = await keyed(ops, account, spend_limit={"usd": "0.0005", "period": "day"})
+    client = ops.openai(key)
+    spent = 0
+    for _ in range(60):
+        try:
+            reply = await client.chat.completions.create(model="demo/echo", messages=HELLO, max_tokens=100)
+        except openai.APIStatusError as err:
+            assert err.status_code == 402 and "spend limit of $0.000500 per day is reached" in err.message
+            break
+        spent += round(reply.billing["usd"] * MICRO)
+    else:
+        pytest.fail("the limit never stopped the key")
+    assert 0 < spent <= 500
+    _, listed = await call(ops, "GET", f"/api/v1/admin/keys?account={account}")
+    assert listed["data"][-1]["spend_limit"] == {"usd": 0.0005, "period": "day"}
+
+
+async def test_concurrent_calls_never_overshoot_a_key_limit(ops):
+    _, account = await ops.key(5)
+    key = await keyed(ops, account, spend_limit={"usd": "0.001", "period": "month"})
+    client = ops.openai(key)
+
+    async def one():
+        try:
+            reply = await client.chat.completions.create(model="demo/echo", messages=HELLO, max_tokens=100)
+            return round(reply.billing["usd"] * MICRO)
+        except openai.APIStatusError as err:
+            assert err.status_code == 402
+            return None
+    results = await asyncio.gather(*[one() for _ in range(40)])
+    charged = [r for r in results if r is not None]
+    assert charged and None in results
+    assert sum(charged) <= 1000                                  # never past the limit, holds included
+    _, shown = await call(ops, "GET", f"/api/v1/admin/keys?account={account}")
+    assert round(shown["data"][-1]["spend_usd"] * MICRO) == sum(charged)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
 
 from aiohttp import web
 
@@ -22,9 +23,12 @@ from plugins.appstate import STORE
 from plugins.auth import KEY_PREFIX, credential, forget
 from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import json_response, read_json
+from plugins.keypolicy import PERIODS
+from plugins.listings import served_model_ids
+from plugins.storage import KeyPolicy
 
 from . import render, reports, writes
-from .filters import page, usage_filter
+from .filters import page, parse_time, usage_filter
 
 ADMIN = web.AppKey("admin_settings", dict)
 ADMIN_PREFIX = "adm_"
@@ -177,9 +181,38 @@ async def create_key(request):
     name = body.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > 60):
         raise bad_request("name: at most 60 characters", param="name")
-    key_id, key = await writes.new_key(store, account_id, name)
+    key_id, key = await writes.new_key(store, account_id, name, _policy(request, body))
     return json_response({"id": key_id, "account_id": account_id, "key": key, "prefix": key[:12],
                           "note": "the key is shown once; it is stored only as a hash"}, status=201)
+
+
+def _policy(request: web.Request, body: dict) -> KeyPolicy | None:
+    """The restrictions asked for in a key's body: expires_at, spend_limit {usd, period}, models."""
+    expires = body.get("expires_at")
+    if expires is not None:
+        expires = parse_time(str(expires), "expires_at")
+        if expires <= time.time():
+            raise bad_request("expires_at: must be in the future", param="expires_at")
+    limit_micro = period = None
+    if body.get("spend_limit") is not None:
+        limit = body["spend_limit"]
+        if not isinstance(limit, dict) or limit.get("period", "day") not in PERIODS:
+            raise bad_request("spend_limit: {\"usd\": \"5\", \"period\": \"day\" or \"month\"}", param="spend_limit")
+        limit_micro, period = _usd(limit.get("usd"), "spend_limit.usd", allow_negative=False), limit.get("period", "day")
+        if limit_micro == 0:
+            raise bad_request("spend_limit.usd: more than 0 (revoke the key to stop it spending)", param="spend_limit.usd")
+    models = body.get("models")
+    if models is not None:
+        known = served_model_ids(request.app)
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise bad_request("models: a non-empty list of model ids", param="models")
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise bad_request(f"models: not served here: {', '.join(unknown)}", param="models")
+        models = tuple(models)
+    if expires is None and limit_micro is None and models is None:
+        return None
+    return KeyPolicy(expires, limit_micro, period, models)
 
 
 @admin

@@ -24,7 +24,11 @@ def account(row) -> dict[str, Any]:
 def key(row) -> dict[str, Any]:
     return {"id": row["id"], "account_id": row["account_id"], "prefix": row["prefix"], "name": row["name"],
             "agent_id": row["agent_id"], "created_at": row["created_at"], "revoked_at": row["revoked_at"],
-            "last_used_at": row["last_used_at"], "spend_usd": usd(int(row["spend_micro"]))}
+            "last_used_at": row["last_used_at"], "spend_usd": usd(int(row["spend_micro"])),
+            "expires_at": row["expires_at"],
+            "spend_limit": None if row["spend_limit_micro"] is None else {"usd": usd(row["spend_limit_micro"]),
+                                                                          "period": row["spend_period"]},
+            "models": orjson.loads(row["models"]) if row["models"] else None}
 
 
 def agent(row) -> dict[str, Any]:

@@ -63,7 +63,8 @@ async def keys(store, account_id: int | None = None) -> list[Any]:
     """Keys with their spend and last use, both read from the usage log (no write per call)."""
     where, params = ("WHERE k.account_id = ?", (account_id,)) if account_id is not None else ("", ())
     return await store.fetchall(
-        "SELECT k.id, k.account_id, k.prefix, k.name, k.agent_id, k.created_at, k.revoked_at, "
+        "SELECT k.id, k.account_id, k.prefix, k.name, k.agent_id, k.created_at, k.revoked_at, k.expires_at, "
+        "k.spend_limit_micro, k.spend_period, k.models, "
         "(SELECT MAX(u.created_at) FROM usage u WHERE u.key_id = k.id) AS last_used_at, "
         "(SELECT COALESCE(SUM(u.usd_micro), 0) FROM usage u WHERE u.key_id = k.id) AS spend_micro "
         f"FROM api_keys k {where} ORDER BY k.id", params)

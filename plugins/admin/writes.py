@@ -7,7 +7,7 @@ import hashlib
 import secrets
 
 from plugins.auth import display_prefix, hash_key, new_key as new_account_key
-from plugins.storage import Storage, now
+from plugins.storage import KeyPolicy, Storage, now
 
 MAX_ADJUST_MICRO = 100_000 * 1_000_000      # one adjustment at most: a typo must not mint a fortune
 
@@ -28,9 +28,10 @@ async def adjust(store: Storage, account_id: int, amount: int, reason: str) -> i
     return await store.ledger.adjust(account_id, amount, f"admin: {reason}")
 
 
-async def new_key(store: Storage, account_id: int, name: str | None) -> tuple[int, str]:
+async def new_key(store: Storage, account_id: int, name: str | None,
+                  policy: KeyPolicy | None = None) -> tuple[int, str]:
     key = new_account_key()
-    return await store.keys.create(account_id, hash_key(key), display_prefix(key), name), key
+    return await store.keys.create(account_id, hash_key(key), display_prefix(key), name, policy), key
 
 
 # ---- admin keys ---------------------------------------------------------------------------

@@ -21,12 +21,13 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from .records import (
-    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UnfinishedPayment, UsageRow, split_charge,
+    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, split_charge,
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
+           "Settlement", "UnfinishedPayment", "UsageRow", "KeyLimit", "KeyPolicy",
+           "KeySpendLimitReached", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
            "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
@@ -55,7 +56,8 @@ class Ledger(Protocol):
 
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         """Hold money for a call (the allowance first, then credits, as one conditional
-        debit). None (nothing changed) if the credits are short."""
+        debit). None (nothing changed) if the credits are short; KeySpendLimitReached
+        (nothing changed) if `hold.key_limit` would be exceeded."""
 
     async def settle(self, settlement: Settlement) -> bool:
         """Charge a call and refund the rest of its hold, writing its usage row, in one
@@ -84,7 +86,8 @@ class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         """A new account with its first key and optional credits; -> account id."""
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int: ...
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int: ...
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         """The key with this hash, revoked or not."""

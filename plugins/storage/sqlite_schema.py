@@ -116,6 +116,17 @@ ALTER TABLE x402_payments ADD COLUMN lease_until INTEGER;
 CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHERE settle_with IS NOT NULL;
 """
 
+# Per-key restrictions an operator sets (plugins.admin): expiry, a spend limit per day or
+# month (checked inside the reserve, so concurrent calls cannot overshoot it), allowed models.
+KEY_POLICY = """
+ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+ALTER TABLE api_keys ADD COLUMN spend_limit_micro INTEGER;
+ALTER TABLE api_keys ADD COLUMN spend_period TEXT;
+ALTER TABLE api_keys ADD COLUMN models TEXT;
+CREATE INDEX usage_by_key ON usage(key_id, created_at);
+CREATE INDEX holds_open_by_key ON holds(key_id) WHERE status = 'open';
+"""
+
 CREDIT_ORDERS = """
 CREATE TABLE credit_orders (
     id TEXT PRIMARY KEY,
@@ -147,4 +158,5 @@ MIGRATIONS = [
     ("0210_credit_orders", CREDIT_ORDERS),
     ("0220_agents", AGENTS),
     ("0230_x402_recovery", X402_RECOVERY),
+    ("0240_key_policy", KEY_POLICY),
 ]
