@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import MICRO
 
+ENGINES = ("sqlite", "postgresql")          # every admin test runs on both storage engines
 ADMIN_KEY = "adm_test-admin-key-for-the-suite"
 HELLO = [{"role": "user", "content": "Hello there"}]
 

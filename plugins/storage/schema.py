@@ -120,8 +120,8 @@ CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHER
 # Per-key restrictions an operator sets (plugins.admin): expiry, a spend limit per day or
 # month (checked inside the reserve, so concurrent calls cannot overshoot it), allowed models.
 KEY_POLICY = """
-ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
-ALTER TABLE api_keys ADD COLUMN spend_limit_micro INTEGER;
+ALTER TABLE api_keys ADD COLUMN expires_at BIGINT;
+ALTER TABLE api_keys ADD COLUMN spend_limit_micro BIGINT;
 ALTER TABLE api_keys ADD COLUMN spend_period TEXT;
 ALTER TABLE api_keys ADD COLUMN models TEXT;
 CREATE INDEX usage_by_key ON usage(key_id, created_at);
