@@ -17,7 +17,7 @@ from .errors import GatewayError
 from .keypolicy import policy_of
 
 KEY_PREFIX = "chk_"
-CACHE_SECONDS = 10.0
+CACHE_SECONDS = 1.0         # another process (the CLI) revoking a key is seen within a second
 _cache: dict[str, tuple[float, Principal]] = {}
 
 
