@@ -32,6 +32,7 @@ DEFAULT_PLUGINS = (
     "plugins.formats.messages",
     "plugins.formats.responses",
     "plugins.auth",
+    "plugins.keypolicy",
     "plugins.admission",
     "plugins.ratelimit",
     "plugins.moderation",
@@ -51,6 +52,9 @@ DEFAULT_PLUGINS = (
     "plugins.media",
     "plugins.media.artifacts",
     "plugins.cors",
+    "plugins.admin",
+    "plugins.admin.cli",
+    "plugins.dashboard",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.

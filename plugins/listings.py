@@ -21,6 +21,13 @@ def special_ids(cfg: Config) -> list[str]:
     return [mid for mid, (section, key) in SPECIAL_IDS.items() if getattr(cfg.settings(section), key)]
 
 
+def served_model_ids(app) -> set[str]:
+    """Every id a client may send: chat models, svc/free and svc/smart, media models."""
+    from .media import MEDIA
+    cfg = app[CONFIG]
+    return {*cfg.chat_models, *special_ids(cfg), *(app[MEDIA].catalog if MEDIA in app else ())}
+
+
 def available(app, provider: str) -> bool:
     """False while the model's provider cannot serve (e.g. no API key set)."""
     return app[PROVIDERS][provider].unavailable_reason() is None
