@@ -36,6 +36,7 @@ from .schema import (
 BUILTIN_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = BUILTIN_DIR / "gateway.yaml"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
 _SECRET_KEY = re.compile(r"(secret|api_key|password|(?<!max_)token|private_key)", re.I)
 
 
@@ -186,7 +187,12 @@ def _expand(node, env, file: str, path: str, problems: list[str], unset: dict[st
             unset[path] = name
         return default
 
-    return _VAR.sub(sub, node)
+    value = _VAR.sub(sub, node)
+    # `port: "${PORT:-8080}"`: a value that is one variable and reads as a number is that number
+    # (typed sections refuse the text "8080"); secrets and addresses stay text.
+    if _VAR.fullmatch(node) and _NUMBER.fullmatch(value) and not _SECRET_KEY.search(path.rsplit(".", 1)[-1]):
+        return float(value) if "." in value else int(value)
+    return value
 
 
 def _merge(base: dict, top: dict) -> dict:

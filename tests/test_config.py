@@ -110,3 +110,13 @@ def test_gateway_check_and_run_refuse_a_bad_config(tmp_path):
     good = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "check", "--config", str(write(tmp_path, VALID))],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert good.returncode == 0 and "OK (1 providers, 1 chat models, 0 media models" in good.stdout
+
+
+def test_a_number_from_a_variable_is_a_number(tmp_path):
+    data = {**VALID, "server": {"port": "${PORT:-8080}", "host": "${HOST:-127.0.0.1}"},
+            "limits": {"per_key": {"rpm": "${RPM}"}}, "providers": {"p": {"type": "demo"}, "o": {
+                "type": "openai", "api_key": "${NUMERIC_KEY}"}}}
+    cfg = config.load(write(tmp_path, data), env={"PORT": "9000", "RPM": "60", "NUMERIC_KEY": "12345"})
+    assert cfg.server.port == 9000 and cfg.server.host == "127.0.0.1"
+    assert cfg.raw["limits"]["per_key"]["rpm"] == 60 and cfg.providers["o"].settings["api_key"] == "12345"
+    create_app(cfg)
