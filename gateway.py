@@ -25,9 +25,12 @@ from plugins.appstate import (
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import GatewayError
+from plugins.serving import serve
 from plugins.pipeline import finish, run_stages, succeeded, upstream_call
 from plugins.pricing import CHAT as CHAT_PRICER
-from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
+from plugins.formats.base import (
+    SSE_HEADERS, ClientFormat, check_image_hosts, json_response, openai_error_body, read_json,
+)
 from plugins.store import Store, collect_migrations
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
@@ -151,6 +154,7 @@ async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamRespons
     ctx.state["format"] = fmt
     try:
         ctx.chat = fmt.parse(await read_json(request))
+        await check_image_hosts(ctx.chat)
         ctx.chat.headers = {h: request.headers[h] for h in fmt.pass_headers if h in request.headers}
         ctx.model_id, ctx.streaming, ctx.pricer = ctx.chat.model, ctx.chat.stream, CHAT_PRICER
         ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
@@ -274,8 +278,7 @@ def cmd_run(args) -> int:
     log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
-                shutdown_timeout=30, access_log=None, handle_signals=True)
+    asyncio.run(serve(app, host, port, cfg.server))
     return 0
 
 

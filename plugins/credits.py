@@ -6,13 +6,12 @@ twice at once), settled, and only then credited, with any bonus, in one transact
 """
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
-
 from aiohttp import web
 
 from config import usd
 
 from . import hookimpl, ledger
+from .accounts import parse_usd
 from .appstate import HTTP, STORE
 from .auth import authenticate_request
 from .errors import GatewayError, bad_request
@@ -52,15 +51,12 @@ def _amount(body, settings) -> int:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object {\"usd\": amount}")
     raw = body.get("usd")
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+    if raw is None:
         raise bad_request("usd: required, the amount of credits to buy in USD", param="usd")
     try:
-        micro = Decimal(str(raw)) * MICRO
-    except InvalidOperation:
-        raise bad_request(f"usd: not a number: {raw!r}", param="usd") from None
-    if micro != micro.to_integral_value():
-        raise bad_request("usd: at most 6 decimals", param="usd")
-    micro = int(micro)
+        micro = parse_usd(raw)
+    except ValueError as exc:
+        raise bad_request(f"usd: {exc}", param="usd") from None
     if not settings.min_micro <= micro <= settings.max_micro:
         raise bad_request(f"usd: must be from {usd(settings.min_micro):g} to {usd(settings.max_micro):g}", param="usd")
     return micro

@@ -23,14 +23,16 @@ from plugins import around, hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
 from plugins.context import CallContext, Route, new_id
 from plugins.errors import GatewayError, bad_request
+from plugins.netguard import check_url, check_url_resolved
 from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
 from plugins.pipeline import run_stages, succeeded, upstream_call
-from providers.media_types import ImageJob, MediaFile
+from providers.guard import answer_shape
+from providers.media_types import ImageJob, MediaFile, VideoJob
 
 from . import requests as parse
 from .artifacts import PREFIX
 from .catalog import MediaModel, load_media
-from .fetch import check_url, fetch, guarded_session
+from .fetch import fetch, guarded_session
 from .mp4 import duration_seconds
 from .pricing import MediaPricer
 
@@ -101,6 +103,12 @@ def _can_make(app, config, model: MediaModel) -> bool:
     return cls is not None and callable(getattr(cls, method, None))
 
 
+def _client_urls(job: ImageJob | VideoJob) -> list[tuple[str, str]]:
+    """(request field, URL) of every URL the client gave for this job."""
+    out = [(f"input_images[{i}]", url) for i, url in enumerate(getattr(job, "references", []) or [])]
+    return out + [(name, getattr(job, name)) for name in ("image_url", "video_url") if getattr(job, name, None)]
+
+
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
     """A Route to catalog media model `model_id`, with its validated job and its pricer."""
     app = ctx.request.app
@@ -116,10 +124,8 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
                            code="provider_unavailable")
     f, prompt = ctx.state["media_fields"], ctx.state["prompt"]
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
-    allow = app[MEDIA].allow_private
-    for url in [*getattr(job, "references", []), getattr(job, "image_url", None), getattr(job, "video_url", None)]:
-        if url:
-            check_url(url, "reference", allow_private=allow)
+    for field, url in _client_urls(job):
+        check_url(url, field, allow_private=app[MEDIA].allow_private)
     ctx.media, ctx.pricer = job, MediaPricer(model, job)
     return Route(model=model, provider=provider, requested_model=requested or model_id)
 
@@ -155,11 +161,14 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
     cap = int(settings.get("max_reference_mb", 20)) * MB
     wait = float(settings.get("reference_timeout_seconds", 30))
+    for field, url in _client_urls(job):      # the provider may fetch what we do not: same rule
+        await check_url_resolved(url, field, allow_private=allow)
     if isinstance(job, ImageJob):
         if job.references and getattr(provider, "wants_reference_files", False):
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
-        files = await provider.generate_images(job, model)
+        with answer_shape(provider):
+            files = await provider.generate_images(job, model)
     else:
         if job.video_url:
             clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
@@ -170,7 +179,8 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
             if length > model.reference_max_seconds + 0.05:
                 raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
                                   f"{model.reference_max_seconds:g} s", param="video_url")
-        files = [await provider.render_video(job, model)]
+        with answer_shape(provider):
+            files = [await provider.render_video(job, model)]
     if not files:
         raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
     return [await _keep(ctx, f, allow) for f in files]
@@ -250,6 +260,15 @@ def gateway_register_routes(register, config):
     register("POST", VIDEOS.path, videos)
     register("GET", "/api/v1/media/models", listing)
     register("GET", PREFIX + "{name}", artifact)
+
+
+@hookimpl
+def gateway_startup(app):
+    """Queue providers follow URLs on other hosts through the guarded fetch session."""
+    if MEDIA in app:
+        for provider in app[PROVIDERS].values():
+            if hasattr(provider, "foreign_http"):
+                provider.foreign_http = app[MEDIA].fetcher
 
 
 async def _media_context(app):
