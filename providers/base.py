@@ -23,9 +23,9 @@ import orjson
 
 from plugins.errors import GatewayError, bad_request
 
-from .guard import UpstreamLimits, answer_shape, read_capped, scrubber
+from .guard import UpstreamLimits, answer_shape, check_response, check_usage, read_capped, scrubber
 
-from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEvent
+from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEnd, StreamEvent
 
 if TYPE_CHECKING:
     from config import ChatModel, ProviderConfig
@@ -173,7 +173,7 @@ class HTTPProvider(RemoteProvider):
                     body = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
-                return self.parse_response(body, req)
+                return check_response(self.parse_response(body, req))
 
     async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
         with answer_shape(self):
@@ -182,6 +182,8 @@ class HTTPProvider(RemoteProvider):
                     raise self._error(resp, await read_capped(self, resp))
                 reader = SSEReader(resp.content, self.name, self.limits)
                 async for event in self.parse_stream(reader, req):
+                    if isinstance(event, StreamEnd):
+                        check_usage(event.usage)
                     yield event
                     if reader.drained:        # all this read brought is out: the relay may write it
                         yield FLUSH

@@ -31,6 +31,8 @@ class FalProvider(QueueProvider):
             if state in ("FAILED", "CANCELED", "CANCELLED", "ERROR"):
                 raise UpstreamError(502, f"{self.name} render failed: {status.get('error') or state}",
                                     code="render_failed")
+            if state not in ("IN_QUEUE", "IN_PROGRESS", "COMPLETED"):
+                raise ValueError(f"unknown job status {state!r}")
             return status if state == "COMPLETED" else None
 
         await self.wait(poll, lambda: self.call("PUT", job.get("cancel_url") or f"{response_url}/cancel"), timeout)

@@ -110,6 +110,54 @@ def answer_shape(provider: "RemoteProvider"):
                                  "nothing was charged", code="upstream_malformed") from None
 
 
+MAX_COUNT = 2 ** 53      # token counts beyond this are nonsense (and break JSON numbers)
+
+
+def _text(value, optional: bool = False) -> None:
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+
+
+def check_usage(usage) -> None:
+    if usage is None:
+        return
+    for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
+        value = getattr(usage, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNT:
+            raise TypeError(f"usage.{name} is not a token count: {value!r}")
+
+
+def check_response(resp):
+    """The canonical answer a parser built, checked field by field: a parser that read a
+    malformed body without noticing still cannot hand the formats or billing nonsense."""
+    from .types import STOP_REASONS, ReasoningPart, TextPart, ToolCall
+    _text(resp.id)
+    _text(resp.model)
+    _text(resp.stop_sequence, optional=True)
+    if resp.stop_reason not in STOP_REASONS:
+        raise ValueError(f"stop reason {resp.stop_reason!r}")
+    for part in resp.content:
+        if isinstance(part, TextPart):
+            _text(part.text)
+        elif isinstance(part, ToolCall):
+            for value in (part.id, part.name, part.arguments):
+                _text(value)
+        elif isinstance(part, ReasoningPart):
+            _text(part.text)
+            _text(part.signature, optional=True)
+            _text(part.redacted, optional=True)
+    check_usage(resp.usage)
+    return resp
+
+
+def check_files(files) -> list:
+    """Media results: each a URL (text) or bytes."""
+    for f in files:
+        if not (isinstance(f.url, str) or isinstance(f.data, bytes)) or not isinstance(f.content_type, str):
+            raise TypeError("a result without a URL or data")
+    return files
+
+
 # Credential shapes: an Authorization-style scheme and token, and common key prefixes.
 _TOKEN_SHAPES = re.compile(
     r"(?i)\b(bearer|basic|key|token)(\s+|=|:\s*)(?=[^\s\d]*\d)[A-Za-z0-9._~+/=:-]{8,}"

@@ -24,6 +24,8 @@ class ReplicateProvider(QueueProvider):
             if state in ("failed", "canceled"):
                 raise UpstreamError(502, f"{self.name} render {state}: {current.get('error') or 'no detail'}",
                                     code="render_failed")
+            if state not in ("starting", "processing", "succeeded"):
+                raise ValueError(f"unknown prediction status {state!r}")
             return current if state == "succeeded" else None
 
         done = prediction if prediction.get("status") == "succeeded" else \

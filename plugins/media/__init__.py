@@ -26,7 +26,7 @@ from plugins.errors import GatewayError, bad_request
 from plugins.netguard import check_url, check_url_resolved
 from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
 from plugins.pipeline import run_stages, succeeded, upstream_call
-from providers.guard import answer_shape
+from providers.guard import answer_shape, check_files
 from providers.media_types import ImageJob, MediaFile, VideoJob
 
 from . import requests as parse
@@ -168,7 +168,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
         with answer_shape(provider):
-            files = await provider.generate_images(job, model)
+            files = check_files(await provider.generate_images(job, model))
     else:
         if job.video_url:
             clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
@@ -180,7 +180,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
                 raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
                                   f"{model.reference_max_seconds:g} s", param="video_url")
         with answer_shape(provider):
-            files = [await provider.render_video(job, model)]
+            files = check_files([await provider.render_video(job, model)])
     if not files:
         raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
     return [await _keep(ctx, f, allow) for f in files]

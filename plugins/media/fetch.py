@@ -65,7 +65,10 @@ async def fetch(session: aiohttp.ClientSession, url: str, field: str, *, max_byt
     """-> (bytes, content type). Failures are `status` errors naming the field."""
     if url.startswith("data:"):
         return decode_data_url(url, field, max_bytes)
-    check_url(url, field, allow_private=allow_private)
+    try:
+        check_url(url, field, allow_private=allow_private)
+    except GatewayError as err:        # a bad result URL is the upstream's fault, not the client's
+        raise GatewayError(status, err.message, param=field) from None
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as resp:
             if resp.status != 200:
