@@ -103,10 +103,14 @@ def _can_make(app, config, model: MediaModel) -> bool:
     return cls is not None and callable(getattr(cls, method, None))
 
 
-def _client_urls(job: ImageJob | VideoJob) -> list[tuple[str, str]]:
-    """(request field, URL) of every URL the client gave for this job."""
-    out = [(f"input_images[{i}]", url) for i, url in enumerate(getattr(job, "references", []) or [])]
-    return out + [(name, getattr(job, name)) for name in ("image_url", "video_url") if getattr(job, name, None)]
+def _client_urls(job: ImageJob | VideoJob, fields) -> list[tuple[str, str]]:
+    """(request field, URL) of every URL the client gave for this job. An image job's
+    references start with its image_url, when given."""
+    refs = list(getattr(job, "references", []) or [])
+    out = [(name, getattr(job, name)) for name in ("image_url", "video_url") if getattr(job, name, None)]
+    if isinstance(job, ImageJob) and refs and fields.get("image_url"):
+        out.append(("image_url", refs.pop(0)))
+    return out + [(f"input_images[{i}]", url) for i, url in enumerate(refs)]
 
 
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
@@ -124,7 +128,7 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
                            code="provider_unavailable")
     f, prompt = ctx.state["media_fields"], ctx.state["prompt"]
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
-    for field, url in _client_urls(job):
+    for field, url in _client_urls(job, f):
         check_url(url, field, allow_private=app[MEDIA].allow_private)
     ctx.media, ctx.pricer = job, MediaPricer(model, job)
     return Route(model=model, provider=provider, requested_model=requested or model_id)
@@ -161,7 +165,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
     cap = int(settings.get("max_reference_mb", 20)) * MB
     wait = float(settings.get("reference_timeout_seconds", 30))
-    for field, url in _client_urls(job):      # the provider may fetch what we do not: same rule
+    for field, url in _client_urls(job, ctx.state["media_fields"]):   # the provider fetches these: same rule
         await check_url_resolved(url, field, allow_private=allow)
     if isinstance(job, ImageJob):
         if job.references and getattr(provider, "wants_reference_files", False):
