@@ -75,7 +75,7 @@ class ServerConfig:
 class Config:
     path: str
     server: ServerConfig
-    storage_path: str
+    storage_url: str                  # sqlite:///PATH or postgresql://user:password@host:port/db
     discount: Decimal
     providers: dict[str, ProviderConfig]
     chat_models: dict[str, ChatModel]
@@ -262,12 +262,10 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
         else:
             setattr(server, name, int(value) if name == "max_connections" else float(value))
 
-    storage = raw.get("storage", "sqlite:///gateway.db")
-    storage_path = ""
-    if not isinstance(storage, str) or not storage.startswith("sqlite:///"):
-        c.fail("storage", f"expected sqlite:///PATH (e.g. sqlite:///gateway.db), got {storage!r}")
-    else:
-        storage_path = storage[len("sqlite:///"):] or "gateway.db"
+    storage_url = raw.get("storage", "sqlite:///gateway.db")
+    if not isinstance(storage_url, str) or not storage_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        c.fail("storage", "expected sqlite:///PATH (e.g. sqlite:///gateway.db) or "
+                          f"postgresql://user:password@host:port/dbname, got {redact_url(storage_url)!r}")
 
     pricing = c.mapping(raw.get("pricing"), "pricing")
     discount = Decimal("0.5")
@@ -314,7 +312,7 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
 
     if c.problems:
         raise ConfigError(c.problems)
-    return Config(path=file, server=server, storage_path=storage_path, discount=discount,
+    return Config(path=file, server=server, storage_url=storage_url, discount=discount,
                   providers=providers, chat_models=chat_models, plugins=plugins, raw=raw)
 
 
@@ -368,6 +366,13 @@ def redact(node):
     if isinstance(node, list):
         return [redact(v) for v in node]
     return node
+
+
+def redact_url(url):
+    """A URL safe to log: its password becomes '***'."""
+    if not isinstance(url, str):
+        return url
+    return re.sub(r"^([a-z]+://[^:/@]*:).*@", r"\1***@", url)
 
 
 def usd(micro: int) -> float:

@@ -48,13 +48,12 @@ async def principal_for(store, key: str) -> Principal | None:
     hit = _cache.get(digest)
     if hit and hit[0] > time.monotonic():
         return hit[1]
-    row = await store.fetchone("SELECT id, account_id, prefix, agent_id FROM api_keys "
-                               "WHERE hash = ? AND revoked_at IS NULL", (digest,))
-    if row is None:
+    found = await store.keys.get(digest)
+    if found is None or found.revoked:
         _cache.pop(digest, None)
         return None
-    principal = Principal(account_id=row["account_id"], key_id=row["id"], key_prefix=row["prefix"],
-                          agent_id=row["agent_id"])
+    principal = Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix,
+                          agent_id=found.agent_id)
     _cache[digest] = (time.monotonic() + CACHE_SECONDS, principal)
     return principal
 

@@ -101,7 +101,7 @@ def gateway_admit(ctx: CallContext):
             if rpm:
                 limits.store.give_back(f"{who}:rpm", 1, float(rpm), now)   # the refused call used nothing
             raise _refuse("tokens", tpm, left, wait, tokens)
-        ctx.state["tpm_taken"] = (f"{who}:tpm", tokens, float(tpm))
+        ctx.rate_taken = (f"{who}:tpm", tokens, float(tpm))
 
 
 def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) -> GatewayError:
@@ -115,7 +115,7 @@ def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) ->
 @hookimpl
 def gateway_record_usage(ctx: CallContext):
     """Give back the tokens a call reserved but did not use."""
-    taken = ctx.state.pop("tpm_taken", None)
+    taken, ctx.rate_taken = ctx.rate_taken, None
     if taken is None:
         return
     key, reserved, capacity = taken

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
+from tests.conftest import DEMO_MODELS, UPSTREAM_PRICES
 from tests.fakes.media_script import png_bytes
 
 CHAT_BODIES = {
