@@ -2,6 +2,7 @@
 real server loop, and crashes (kill -9) at chosen moments."""
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import signal
@@ -9,9 +10,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,9 @@ class GatewayProcess:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    def start(self, timeout: float = 30) -> "GatewayProcess":
+    async def start(self, timeout: float = 30) -> "GatewayProcess":
+        """Start and wait until it answers (without blocking the loop: fakes in this test
+        process must keep answering the gateway while it starts)."""
         limit = self.open_files
 
         def lower_limit():
@@ -56,14 +59,15 @@ class GatewayProcess:
                                          cwd=self.tmp_path, stdout=log, stderr=log, preexec_fn=lower_limit,
                                          env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/api/v1/models", timeout=2):
-                    return self
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the gateway did not become ready"
-                time.sleep(0.05)
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(self.url + "/api/v1/models", timeout=aiohttp.ClientTimeout(total=2)):
+                        return self
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    assert self.proc.poll() is None, self.log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the gateway did not become ready"
+                    await asyncio.sleep(0.05)
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:

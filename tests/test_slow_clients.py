@@ -17,14 +17,14 @@ BODY_HEAD = (b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorizati
 
 
 @pytest.fixture
-def gateway(tmp_path):
+async def gateway(tmp_path):
     started = []
 
-    def start(server: dict | None = None, **kw) -> GatewayProcess:
+    async def start(server: dict | None = None, **kw) -> GatewayProcess:
         config = {**DEMO, "storage": f"sqlite:///{tmp_path / 'gw.db'}", "server": server or {}}
         gw = GatewayProcess(tmp_path, config, **kw)
         started.append(gw)
-        return gw.start()
+        return await gw.start()
     yield start
     for gw in started:
         gw.stop()
@@ -54,13 +54,13 @@ def open_file_limit(pid: int) -> tuple[int, int]:
 
 
 async def test_the_process_raises_its_open_file_limit(gateway):
-    gw = gateway(open_files=256)
+    gw = await gateway(open_files=256)
     soft, hard = open_file_limit(gw.proc.pid)
     assert soft == hard > 256
 
 
 async def test_idle_connections_and_dripped_headers_are_closed(gateway):
-    gw = gateway({"keepalive_seconds": 1})
+    gw = await gateway({"keepalive_seconds": 1})
     started = time.monotonic()
     idle_reader, _ = await asyncio.open_connection("127.0.0.1", gw.port)
     slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", gw.port)
@@ -72,7 +72,7 @@ async def test_idle_connections_and_dripped_headers_are_closed(gateway):
 
 
 async def test_a_dripped_body_gets_a_408(gateway):
-    gw = gateway({"request_timeout_seconds": 1})
+    gw = await gateway({"request_timeout_seconds": 1})
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     writer.write(BODY_HEAD)
     dripping = asyncio.create_task(drip(writer, b"x" * 1000, 0.1))      # 10 bytes a second
@@ -83,7 +83,7 @@ async def test_a_dripped_body_gets_a_408(gateway):
 
 
 async def test_past_the_connection_cap_a_clear_503(gateway):
-    gw = gateway({"max_connections": 20})
+    gw = await gateway({"max_connections": 20})
     held = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(20)]
     await asyncio.sleep(0.2)
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
@@ -99,7 +99,7 @@ async def test_calls_succeed_among_2000_idle_and_200_slow_connections(gateway):
     if hard < 4096:
         pytest.skip(f"needs an open-file hard limit of 4096 or more (is {hard}); raise it with ulimit -Hn")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))       # this test's own 2,200 sockets
-    gw = gateway({"request_timeout_seconds": 5, "keepalive_seconds": 30}, open_files=1024)
+    gw = await gateway({"request_timeout_seconds": 5, "keepalive_seconds": 30}, open_files=1024)
     key = gw.cli("keys", "create", "--credits", "5").split()[-1]
     idle = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(2000)]
     slow = []

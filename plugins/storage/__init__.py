@@ -66,7 +66,9 @@ class Ledger(Protocol):
         """The sum of the account's ledger entries (equals `balance`, or the books are wrong)."""
 
     async def purchase(self, order: CreditPurchase) -> tuple[int, int]:
-        """Record a paid credit order and credit it with its bonus; -> (bonus, balance)."""
+        """Record a paid credit order, mark its payment settled and credit it with its
+        bonus, in one transaction; a payment already credited is not credited again.
+        -> (bonus, balance)."""
 
     async def renew_leases(self) -> int:
         """Extend the lease of every open hold this process owns (one statement)."""
