@@ -35,7 +35,7 @@ class FalProvider(QueueProvider):
                 raise ValueError(f"unknown job status {state!r}")
             return status if state == "COMPLETED" else None
 
-        await self.wait(poll, lambda: self.call("PUT", job.get("cancel_url") or f"{response_url}/cancel"), timeout)
+        await self.wait(poll, ("PUT", job.get("cancel_url") or f"{response_url}/cancel"), timeout)
         return await self.call("GET", response_url)
 
     async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:

@@ -4,8 +4,9 @@ then cancel on timeout). fal and Replicate differ only in URLs and field names."
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -51,6 +52,13 @@ def job_input(job: ImageJob | VideoJob, model, *, duration_text: bool) -> dict[s
         out[target] = [value] if target.endswith("_urls") and isinstance(value, str) else value
     out.update(model.upstream_input)
     return out
+
+
+# Set by the caller around a render: called with (provider, method, url) how to cancel the
+# job once it is queued upstream, and with None once it ended, so that a process dying
+# mid-render leaves a record another process can cancel (plugins/media/renders.py).
+RENDER_TRACKER: contextvars.ContextVar[Callable[[dict | None], Awaitable[None]] | None] = \
+    contextvars.ContextVar("render_tracker", default=None)
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -113,8 +121,26 @@ class QueueProvider(RemoteProvider):
                 return detail if isinstance(detail, str) else orjson.dumps(detail).decode()[:300]
         return raw[:200].decode("utf-8", "replace") or "no detail"
 
-    async def wait(self, poll, cancel, timeout: float) -> dict:
-        """Poll until `poll()` returns a finished job; cancel and fail at the deadline."""
+    async def wait(self, poll, cancel: tuple[str, str], timeout: float) -> dict:
+        """Poll until `poll()` returns a finished job; cancel (method, URL) and fail at the
+        deadline. The job is tracked while it runs (RENDER_TRACKER)."""
+        track = RENDER_TRACKER.get()
+        if track is not None:
+            await track({"provider": self.name, "method": cancel[0], "url": cancel[1]})
+        try:
+            return await self._poll_until_done(poll, cancel, timeout)
+        finally:
+            if track is not None:
+                await asyncio.shield(track(None))
+
+    async def cancel_job(self, method: str, url: str) -> None:
+        """Ask the upstream to stop a render; failures are ignored (it may be over)."""
+        try:
+            await self.call(method, url)
+        except UpstreamError:
+            pass
+
+    async def _poll_until_done(self, poll, cancel: tuple[str, str], timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         delay = self.poll_seconds
         while True:
@@ -122,10 +148,7 @@ class QueueProvider(RemoteProvider):
             if done is not None:
                 return done
             if time.monotonic() + delay > deadline:
-                try:
-                    await cancel()
-                except UpstreamError:
-                    pass
+                await self.cancel_job(*cancel)
                 raise UpstreamError(502, f"{self.name} did not finish the render within {timeout:g} s; "
                                          "it was cancelled and nothing was charged", code="render_timeout")
             await asyncio.sleep(delay)

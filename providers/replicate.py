@@ -29,7 +29,7 @@ class ReplicateProvider(QueueProvider):
             return current if state == "succeeded" else None
 
         done = prediction if prediction.get("status") == "succeeded" else \
-            await self.wait(poll, lambda: self.call("POST", cancel_url), timeout)
+            await self.wait(poll, ("POST", cancel_url), timeout)
         output = done.get("output")
         urls_out = [output] if isinstance(output, str) else [u for u in output or [] if isinstance(u, str)]
         if not urls_out:

@@ -35,6 +35,7 @@ from .catalog import MediaModel, load_media
 from .fetch import fetch, guarded_session
 from .mp4 import duration_seconds
 from .pricing import MediaPricer
+from .renders import keep_cancelling, tracked
 
 log = structlog.get_logger("media")
 MB = 1_000_000
@@ -49,6 +50,7 @@ class Media:
     allow_private: bool
     fetcher: aiohttp.ClientSession | None = None
     listing: bytes = b""
+    orphans: asyncio.Task | None = None      # cancels renders of calls whose process died
 
 
 MEDIA = web.AppKey("media", Media)
@@ -94,6 +96,7 @@ def gateway_configure(app, config):
         raise ConfigError(unable)
     app[MEDIA] = Media(catalog, settings, types[kind](art), bool(settings.get("allow_private_urls")))
     app.cleanup_ctx.append(_media_context)
+    app.on_shutdown.append(_stop_cancelling)
 
 
 def _can_make(app, config, model: MediaModel) -> bool:
@@ -165,7 +168,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
         if job.references and getattr(provider, "wants_reference_files", False):
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
-        with answer_shape(provider):
+        with answer_shape(provider), tracked(ctx):
             files = check_files(await provider.generate_images(job, model))
     else:
         if job.video_url:
@@ -177,7 +180,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
             if length > model.reference_max_seconds + 0.05:
                 raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
                                   f"{model.reference_max_seconds:g} s", param="video_url")
-        with answer_shape(provider):
+        with answer_shape(provider), tracked(ctx):
             files = check_files([await provider.render_video(job, model)])
     if not files:
         raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
@@ -262,11 +265,18 @@ def gateway_register_routes(register, config):
 
 @hookimpl
 def gateway_startup(app):
-    """Queue providers follow URLs on other hosts through the guarded fetch session."""
+    """Queue providers follow URLs on other hosts through the guarded fetch session; the
+    renders of calls whose process died are cancelled upstream (now, and from then on)."""
     if MEDIA in app:
         for provider in app[PROVIDERS].values():
             if hasattr(provider, "foreign_http"):
                 provider.foreign_http = app[MEDIA].fetcher
+        app[MEDIA].orphans = asyncio.get_running_loop().create_task(keep_cancelling(app))
+
+
+async def _stop_cancelling(app) -> None:
+    if app[MEDIA].orphans is not None:        # before the database closes
+        app[MEDIA].orphans.cancel()
 
 
 async def _media_context(app):

@@ -77,6 +77,13 @@ class Ledger(Protocol):
         """Release open holds whose lease expired (their owner died), each with a
         `crashed` usage row; -> how many."""
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        """Record (JSON: provider, method, url) how to cancel the upstream render a call
+        is waiting on, or None once it ended."""
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        """(call id, job) of renders whose hold is no longer open: their process died."""
+
 
 class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:

@@ -252,6 +252,13 @@ class SQLiteLedger:
     async def release_expired(self, at: float | None = None) -> int:
         return await self._db.transaction(_release_expired, int(time.time() if at is None else at))
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._db.transaction(_rowcount, "UPDATE holds SET upstream_job = ? WHERE call_id = ?", (job, call_id))
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        return [tuple(r) for r in await self._db.run(
+            _all, "SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL AND status <> 'open'")]
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 

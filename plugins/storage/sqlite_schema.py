@@ -138,6 +138,10 @@ CREATE TABLE agents (
 );
 """
 
+HOLD_UPSTREAM_JOB = """
+ALTER TABLE holds ADD COLUMN upstream_job TEXT;   -- a render in flight: how to cancel it (JSON)
+"""
+
 MIGRATIONS = [
     ("0001_core", CORE),
     ("0002_free_allowance", FREE_ALLOWANCE),
@@ -147,4 +151,5 @@ MIGRATIONS = [
     ("0210_credit_orders", CREDIT_ORDERS),
     ("0220_agents", AGENTS),
     ("0230_x402_recovery", X402_RECOVERY),
+    ("0250_hold_upstream_job", HOLD_UPSTREAM_JOB),
 ]
