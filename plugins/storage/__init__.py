@@ -21,13 +21,13 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from .records import (
-    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UnfinishedPayment, UsageRow, split_charge,
+    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, split_charge,
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
-           "DEFAULT_LEASE_SECONDS", "CRASHED"]
+           "Settlement", "UnfinishedPayment", "UsageRow", "KeyLimit", "KeyPolicy", "KeySpendLimitReached",
+           "split_charge", "Storage", "open_storage", "now", "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
 
@@ -49,9 +49,14 @@ class Ledger(Protocol):
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         """Add credits (kind: grant | purchase | bonus); -> the new balance."""
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        """The operator's signed adjustment, kind `adjustment` with the reason as its ref;
+        -> the new balance, or None (nothing changed) if a negative one exceeds the balance."""
+
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         """Hold money for a call (the allowance first, then credits, as one conditional
-        debit). None (nothing changed) if the credits are short."""
+        debit). None (nothing changed) if the credits are short; KeySpendLimitReached
+        (nothing changed) if `hold.key_limit` would be exceeded."""
 
     async def settle(self, settlement: Settlement) -> bool:
         """Charge a call and refund the rest of its hold, writing its usage row, in one
@@ -89,7 +94,8 @@ class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         """A new account with its first key and optional credits; -> account id."""
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int: ...
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int: ...
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         """The key with this hash, revoked or not."""
