@@ -13,7 +13,6 @@ import yaml
 from tests.gateway_process import GATEWAY, free_port
 
 
-
 @pytest.fixture
 def cfg_file(tmp_path):
     data = {"storage": f"sqlite:///{tmp_path / 'gw.db'}",
