@@ -29,6 +29,7 @@ from plugins.errors import NOT_RETRYABLE, GatewayError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
@@ -265,8 +266,7 @@ def cmd_run(args) -> int:
              database=config_mod.redact_url(cfg.storage_url), chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
-        web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
-                    shutdown_timeout=30, access_log=None, handle_signals=True)
+        asyncio.run(serve(app, host, port, cfg.server))
     except OSError as exc:
         print(f"gateway: cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses it or "
               "choose another port with --port", file=sys.stderr)

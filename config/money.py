@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 MICRO = 1_000_000     # micro-USD per USD
+MAX_USD = 10 ** 12    # far above any real amount: keeps 1e999999 from becoming a huge integer
 
 
 def _decimal(value) -> Decimal:
@@ -34,11 +35,14 @@ def parse_usd(value, *, positive: bool = False, maximum: int | None = None) -> i
     amount, negative (or zero when `positive`), finer than one micro-USD, above `maximum`
     (micro-USD)."""
     try:
-        amount = _decimal(value) * MICRO
+        given = _decimal(value)
     except ValueError:
         raise ValueError(f"expected an amount in USD such as 0.05, got {value!r}") from None
-    if amount < 0 or positive and amount == 0:
+    if given < 0 or positive and given == 0:
         raise ValueError(f"must be {'more than' if positive else 'at least'} 0 USD, got {value!r}")
+    if given > MAX_USD:                  # before scaling: 1e999999 must not overflow
+        raise ValueError(f"at most {MAX_USD:,} USD, got {value!r}")
+    amount = given * MICRO
     if amount != amount.to_integral_value():
         raise ValueError(f"more precision than one micro-USD (at most 6 decimals), got {value!r}")
     micro = int(amount)

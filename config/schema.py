@@ -68,6 +68,9 @@ class ServerSettings(Section):
     port: int = Field(8080, ge=0, le=65535)
     public_url: str = ""                 # the base of links the gateway returns; default http://host:port
     cors_origins: list[str] = ["*"]      # browsers from these origins may call the API
+    request_timeout_seconds: Seconds = 30.0   # a request body must arrive within this (408)
+    keepalive_seconds: Seconds = 10.0         # idle connections, and request headers, within this
+    max_connections: Count = 10_000           # one more is refused with a 503
 
     def model_post_init(self, _context) -> None:
         self._derived = not self.public_url

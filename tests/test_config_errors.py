@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiohttp import web
 
 import gateway
 from tests.conftest import deep_merge
@@ -123,7 +122,7 @@ def test_a_broken_config_is_refused_before_start(tmp_path, monkeypatch, capsys, 
     data = deep_merge(deep_merge(BASE, {"storage": f"sqlite:///{tmp_path / 'g.db'}"}), extra)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     started = []
-    monkeypatch.setattr(web, "run_app", lambda *a, **k: started.append(True))
+    monkeypatch.setattr(gateway, "serve", lambda *a, **k: started.append(True))
     monkeypatch.setattr(gateway, "configure_logging", lambda *a, **k: None)
     assert gateway.main(["run", "--config", str(path), "--port", "0"]) == 2
     assert not started

@@ -198,4 +198,4 @@ async def test_a_self_hosted_upstream_on_the_operators_network_works(aiohttp_ser
     assert await gw.balance(account) == 10 * MICRO - spent
     status, body = await post(gw, "/api/v1/images/generations", {"model": "lan/flux", "prompt": "a barn",
                                                                  "image_url": str(fal.server.make_url("/files/x"))}, key)
-    assert status == 400 and body["error"]["param"] == "reference"
+    assert status == 400 and body["error"]["param"] == "image_url"

@@ -12,7 +12,6 @@ import base64
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -26,15 +25,19 @@ from plugins.appstate import CONFIG, HTTP, PM, PROVIDERS
 from plugins.context import CallContext, Route
 from plugins.errors import GatewayError, bad_request, model_not_available
 from plugins.formats.base import ClientFormat, json_response, openai_error_body
+from plugins.netguard import check_url, check_url_resolved
 from plugins.pipeline import run_call, succeeded
-from providers.media_types import ImageJob, MediaFile
+from providers.guard import answer_shape, check_files
+from providers.media_base import origin
+from providers.media_types import ImageJob, MediaFile, VideoJob
 
 from . import requests as parse
 from .artifacts import PREFIX
 from .catalog import MediaModel, load_media
-from .fetch import check_url, fetch, guarded_session
+from .fetch import fetch, guarded_session
 from .mp4 import duration_seconds
 from .pricing import MediaPricer
+from .renders import keep_cancelling, tracked
 
 log = structlog.get_logger("media")
 MB = 1_000_000
@@ -57,6 +60,7 @@ class Media:
     allow_private: bool
     fetcher: aiohttp.ClientSession | None = None
     listing: bytes = b""
+    orphans: asyncio.Task | None = None      # cancels renders of calls whose process died
 
 
 MEDIA = web.AppKey("media", Media)
@@ -106,6 +110,7 @@ def gateway_configure(app, config):
         raise ConfigError(unable)
     app[MEDIA] = Media(catalog, settings, types[kind](store_settings, config.base_dir), settings.allow_private_urls)
     app.cleanup_ctx.append(_media_context)
+    app.on_shutdown.append(_stop_cancelling)
 
 
 def _can_make(app, config, model: MediaModel) -> bool:
@@ -113,6 +118,16 @@ def _can_make(app, config, model: MediaModel) -> bool:
     cls = app[PROVIDER_TYPES].get(config.providers[model.provider].type)
     method = "generate_images" if model.kind == "image" else "render_video"
     return cls is not None and callable(getattr(cls, method, None))
+
+
+def _client_urls(job: ImageJob | VideoJob, fields) -> list[tuple[str, str]]:
+    """(request field, URL) of every URL the client gave for this job. An image job's
+    references start with its image_url, when given."""
+    refs = list(getattr(job, "references", []) or [])
+    out = [(name, getattr(job, name)) for name in ("image_url", "video_url") if getattr(job, name, None)]
+    if isinstance(job, ImageJob) and refs and fields.get("image_url"):
+        out.append(("image_url", refs.pop(0)))
+    return out + [(f"input_images[{i}]", url) for i, url in enumerate(refs)]
 
 
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
@@ -129,10 +144,8 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
         raise model_not_available(model_id, reason)
     f, prompt = ctx.media_fields, ctx.prompt
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
-    allow = app[MEDIA].allow_private
-    for url in [*getattr(job, "references", []), getattr(job, "image_url", None), getattr(job, "video_url", None)]:
-        if url:
-            check_url(url, "reference", allow_private=allow)
+    for field, url in _client_urls(job, f):
+        check_url(url, field, allow_private=app[MEDIA].allow_private)
     ctx.media, ctx.pricer = job, MediaPricer(model, job)
     return Route(model=model, provider=provider, requested_model=requested or model_id)
 
@@ -162,11 +175,14 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
     cap = settings.max_reference_mb * MB
     wait = settings.reference_timeout_seconds
+    for field, url in _client_urls(job, ctx.media_fields):   # the provider fetches these: same rule
+        await check_url_resolved(url, field, allow_private=allow)
     if isinstance(job, ImageJob):
         if job.references and getattr(provider, "wants_reference_files", False):
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
-        files = await provider.generate_images(job, model)
+        with answer_shape(provider), tracked(ctx):
+            files = check_files(await provider.generate_images(job, model))
     else:
         if job.video_url:
             clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
@@ -177,7 +193,8 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
             if length > model.reference_max_seconds + 0.05:
                 raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
                                   f"{model.reference_max_seconds:g} s", param="video_url")
-        files = [await provider.render_video(job, model)]
+        with answer_shape(provider), tracked(ctx):
+            files = check_files([await provider.render_video(job, model)])
     if not files:
         raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
     return [await _keep(ctx, f, allow) for f in files]
@@ -191,7 +208,7 @@ async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any
         limit = (500 if endpoint.kind == "video" else 50) * MB
         # A link on the provider's own configured origin (a self-hosted server on the operator's
         # network, say) is fetched as that provider is reached; other links follow the address rules.
-        own = _origin(file.url) == _origin(getattr(ctx.route.provider, "base_url", ""))
+        own = origin(file.url) == origin(getattr(ctx.route.provider, "base_url", ""))
         data, fetched_type = await fetch(app[HTTP] if own else app[MEDIA].fetcher, file.url, "result",
                                          max_bytes=limit, timeout=120, allow_private=allow or own, status=502)
         content_type = fetched_type if fetched_type.startswith(("image/", "video/")) else content_type
@@ -199,11 +216,6 @@ async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any
     if endpoint.kind == "image" and ctx.media_fields.get("response_format") != "url":
         return {"b64_json": base64.b64encode(data).decode()}
     return {"path": await app[MEDIA].store.save(data, content_type)}
-
-
-def _origin(url: str) -> tuple:
-    parts = urlsplit(url)
-    return (parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme))
 
 
 def _render(ctx: CallContext, endpoint: MediaEndpoint, files: list[dict[str, Any]]) -> dict[str, Any]:
@@ -269,6 +281,22 @@ def gateway_register_routes(register, config):
     register("POST", VIDEOS.path, videos)
     register("GET", "/api/v1/media/models", listing)
     register("GET", PREFIX + "{name}", artifact)
+
+
+@hookimpl
+def gateway_startup(app):
+    """Queue providers follow URLs on other hosts through the guarded fetch session; the
+    renders of calls whose process died are cancelled upstream (now, and from then on)."""
+    if MEDIA in app:
+        for provider in app[PROVIDERS].values():
+            if hasattr(provider, "foreign_http"):
+                provider.foreign_http = app[MEDIA].fetcher
+        app[MEDIA].orphans = asyncio.get_running_loop().create_task(keep_cancelling(app))
+
+
+async def _stop_cancelling(app) -> None:
+    if app[MEDIA].orphans is not None:        # before the database closes
+        app[MEDIA].orphans.cancel()
 
 
 async def _media_context(app):
