@@ -14,9 +14,10 @@ from . import hookimpl
 from .appstate import STORE
 from .context import CallContext, Principal
 from .errors import GatewayError
+from .keypolicy import policy_of
 
 KEY_PREFIX = "chk_"
-CACHE_SECONDS = 10.0
+CACHE_SECONDS = 1.0         # another process (the CLI) revoking a key is seen within a second
 _cache: dict[str, tuple[float, Principal]] = {}
 
 
@@ -53,7 +54,7 @@ async def principal_for(store, key: str) -> Principal | None:
         _cache.pop(digest, None)
         return None
     principal = Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix,
-                          agent_id=found.agent_id)
+                          agent_id=found.agent_id, policy=policy_of(found))
     _cache[digest] = (time.monotonic() + CACHE_SECONDS, principal)
     return principal
 

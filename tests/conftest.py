@@ -15,7 +15,8 @@ import config as config_mod
 from gateway import create_app
 from plugins.accounts import create_account
 from plugins.appstate import STORE
-from tests.fakes import FakeAnthropic, FakeOpenAIChat
+from tests.fakes import FakeAnthropic, FakeGemini, FakeOpenAIChat, FakeOpenAIResponses
+from tests.servers import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = 1_000_000
@@ -38,11 +39,33 @@ DEMO_MODELS = [
 ]
 
 
+def pytest_generate_tests(metafunc):
+    """A module that sets `ENGINES = ("sqlite", "postgresql")` runs each of its gateway tests
+    once per storage engine."""
+    engines = getattr(metafunc.module, "ENGINES", None)
+    if engines and "storage_engine" in metafunc.fixturenames:
+        metafunc.parametrize("storage_engine", engines, indirect=True)
+
+
 @pytest.fixture
-def write_config(tmp_path):
-    """Write a YAML config (defaults: demo provider, a SQLite file in tmp) and load it."""
+def storage_engine(request) -> str:
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+async def storage_url(storage_engine, tmp_path, request) -> str:
+    """Where the test's gateway keeps its state: a SQLite file in tmp, or a fresh database
+    on the session's PostgreSQL server."""
+    if storage_engine == "postgresql":
+        return await request.getfixturevalue("postgres_server").fresh_url()
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+@pytest.fixture
+def write_config(tmp_path, storage_url):
+    """Write a YAML config (defaults: demo provider, the test's storage) and load it."""
     def write(extra: dict[str, Any] | None = None, name: str = "gateway.yaml") -> config_mod.Config:
-        base = {"storage": f"sqlite:///{tmp_path / 'gateway.db'}",
+        base = {"storage": storage_url,
                 "providers": {"demo": {"type": "demo"}},
                 "models": {"chat": list(DEMO_MODELS)}}
         data = deep_merge(base, extra or {})
@@ -143,3 +166,27 @@ def anthropic_upstream(fake: FakeAnthropic, **provider) -> dict:
             "models": {"chat": DEMO_MODELS + [
                 {"id": "up/claude", "provider": "up-anthropic", "upstream": "claude-sonnet-4-5", "tools": True,
                  **UPSTREAM_PRICES}]}}
+
+
+# Every remote chat upstream kind: name -> (fake class, provider settings from the fake's URL, upstream model id)
+UPSTREAMS = {
+    "openai": (FakeOpenAIChat, lambda u: {"type": "openai", "base_url": f"{u}/v1", "api_key": "sk-test-upstream"},
+               "gpt-4o-mini"),
+    "anthropic": (FakeAnthropic, lambda u: {"type": "anthropic", "base_url": u, "api_key": "sk-ant-test-upstream"},
+                  "claude-sonnet-4-5"),
+    "gemini": (FakeGemini, lambda u: {"type": "gemini", "base_url": u, "api_key": "gemini-test-key"},
+               "gemini-2.5-flash"),
+    "openai_responses": (FakeOpenAIResponses, lambda u: {"type": "openai_responses", "base_url": f"{u}/v1",
+                                                         "api_key": "sk-test-upstream"}, "gpt-5-mini"),
+}
+
+
+async def gateway_over(kind: str, aiohttp_server, start_gateway):
+    """A gateway whose `up/model` is served by a fresh fake of upstream `kind` -> (fake, gateway)."""
+    fake_class, settings, upstream_id = UPSTREAMS[kind]
+    fake = fake_class()
+    server = await aiohttp_server(fake.app)
+    gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
+                              "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
+                                                                 "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+    return fake, gw

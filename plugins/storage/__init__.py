@@ -21,13 +21,13 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from .records import (
-    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UsageRow, split_charge,
+    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, split_charge,
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
-           "DEFAULT_LEASE_SECONDS", "CRASHED"]
+           "Settlement", "UnfinishedPayment", "UsageRow", "KeyLimit", "KeyPolicy", "KeySpendLimitReached",
+           "split_charge", "Storage", "open_storage", "now", "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
 
@@ -49,9 +49,14 @@ class Ledger(Protocol):
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         """Add credits (kind: grant | purchase | bonus); -> the new balance."""
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        """The operator's signed adjustment, kind `adjustment` with the reason as its ref;
+        -> the new balance, or None (nothing changed) if a negative one exceeds the balance."""
+
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         """Hold money for a call (the allowance first, then credits, as one conditional
-        debit). None (nothing changed) if the credits are short."""
+        debit). None (nothing changed) if the credits are short; KeySpendLimitReached
+        (nothing changed) if `hold.key_limit` would be exceeded."""
 
     async def settle(self, settlement: Settlement) -> bool:
         """Charge a call and refund the rest of its hold, writing its usage row, in one
@@ -80,7 +85,8 @@ class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         """A new account with its first key and optional credits; -> account id."""
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int: ...
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int: ...
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         """The key with this hash, revoked or not."""
@@ -117,8 +123,24 @@ class Payments(Protocol):
     async def claim(self, claim: PaymentClaim) -> bool:
         """-> False if this payment was claimed before (also when sent twice at once)."""
 
-    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
-        """Status after the work: settled | settle_failed | unused."""
+    async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
+        """A call's payment is priced (`amount` atomic units, worth `usd_micro`) and about
+        to be settled: recorded first, so a process that dies now is finished by another."""
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
+                     amount: int | None = None, usd_micro: int | None = None) -> None:
+        """Status after the work: settled | settle_failed | unused; an upto settlement also
+        records what was actually taken (`amount` atomic units worth `usd_micro`)."""
+
+    async def renew_leases(self) -> int:
+        """Extend the lease of this process's unfinished call payments (one statement)."""
+
+    async def unfinished(self, at: float | None = None) -> list[UnfinishedPayment]:
+        """Call payments whose owner stopped renewing their lease before finishing them."""
+
+    async def adopt(self, claim_key: str, at: float | None = None) -> bool:
+        """Take over an unfinished payment whose lease expired; False if another process
+        took it first (or it was finished meanwhile)."""
 
 
 class Storage(Protocol):

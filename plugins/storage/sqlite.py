@@ -10,6 +10,7 @@ as durable as one transaction each, at a fraction of the cost under load.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,15 +19,16 @@ from typing import Any, Callable, TypeVar
 
 from . import for_engine, now, statements
 from .records import (
-    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UsageRow, crashed_usage,
+    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_usage,
 )
-from .sqlite_schema import MIGRATIONS
+from .schema import migrations
 
 T = TypeVar("T")
 USAGE_INSERT = (f"INSERT OR IGNORE INTO usage ({', '.join(USAGE_FIELDS)}) "
                 f"VALUES ({', '.join('?' * len(USAGE_FIELDS))})")
-KEY_COLUMNS = "id, account_id, prefix, name, agent_id, created_at, revoked_at"
+KEY_COLUMNS = ("id, account_id, prefix, name, agent_id, created_at, revoked_at, expires_at, spend_limit_micro, "
+               "spend_period, models")
 
 
 class Engine:
@@ -137,6 +139,28 @@ def _credit(conn, account_id: int, amount: int, kind: str, ref: str | None) -> i
     return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
 
 
+def _adjust(conn, account_id: int, amount: int, reason: str) -> int | None:
+    """A signed ledger entry by the operator; a negative one only while the balance covers it."""
+    cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro + ? WHERE id = ? AND balance_micro + ? >= 0",
+                       (amount, account_id, amount))
+    if cur.rowcount != 1:
+        return None
+    conn.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) VALUES (?,?,?,?,?)",
+                 (account_id, amount, "adjustment", reason, now()))
+    return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
+
+
+def _check_key_limit(conn, key_id: int, limit: KeyLimit, credit: int) -> None:
+    """Charged since the period began plus holds in flight plus this one, within the limit
+    (one writer at a time: nothing can slip in between the sum and the hold)."""
+    spent = conn.execute("SELECT COALESCE(SUM(usd_micro), 0) FROM usage WHERE key_id = ? AND created_at >= ?",
+                         (key_id, limit.since)).fetchone()[0]
+    held = conn.execute("SELECT COALESCE(SUM(amount_micro), 0) FROM holds WHERE key_id = ? AND status = 'open'",
+                        (key_id,)).fetchone()[0]
+    if spent + held + credit > limit.limit_micro:
+        raise KeySpendLimitReached(limit, spent + held)
+
+
 def _reserve(conn, h: HoldRequest, owner: str, lease_until: int) -> Reserved | None:
     taken, free = 0, h.free
     if free is not None and free.want > 0:
@@ -146,6 +170,8 @@ def _reserve(conn, h: HoldRequest, owner: str, lease_until: int) -> Reserved | N
                             (h.account_id, free.day)).fetchone()[0]
         taken = max(0, min(free.want, free.daily - used, h.amount_micro))
     credit = h.amount_micro - taken
+    if h.key_limit is not None:
+        _check_key_limit(conn, h.key_id, h.key_limit, credit)
     cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro - ? WHERE id = ? AND balance_micro >= ?",
                        (credit, h.account_id, credit))
     if cur.rowcount != 1:
@@ -219,6 +245,9 @@ class SQLiteLedger:
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         return await self._db.transaction(_credit, account_id, amount_micro, kind, ref)
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        return await self._db.transaction(_adjust, account_id, amount_micro, reason)
+
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         return await self._db.transaction(_reserve, hold, self._owner, now() + self._lease)
 
@@ -262,9 +291,13 @@ def _rowcount(conn, sql: str, params: tuple = ()) -> int:
     return conn.execute(sql, params).rowcount
 
 
-def _create_key(conn, account_id: int, key_hash: str, prefix: str, name: str | None) -> int:
-    return conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) VALUES (?,?,?,?,?)",
-                        (account_id, key_hash, prefix, name, now())).lastrowid
+def _create_key(conn, account_id: int, key_hash: str, prefix: str, name: str | None,
+                policy: KeyPolicy | None = None) -> int:
+    p = policy or KeyPolicy()
+    return conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at, expires_at, "
+                        "spend_limit_micro, spend_period, models) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (account_id, key_hash, prefix, name, now(), p.expires_at, p.spend_limit_micro, p.spend_period,
+                         None if p.models is None else json.dumps(list(p.models)))).lastrowid
 
 
 def _create_account(conn, name: str | None, key_hash: str, prefix: str, credits: int) -> int:
@@ -287,8 +320,9 @@ class SQLiteKeys:
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         return await self._db.transaction(_create_account, name, key_hash, prefix, credits_micro)
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int:
-        return await self._db.transaction(_create_key, account_id, key_hash, prefix, name)
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int:
+        return await self._db.transaction(_create_key, account_id, key_hash, prefix, name, policy)
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         row = await self._db.run(_one, f"SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?", (key_hash,))
@@ -352,8 +386,8 @@ class SQLiteAllowance:
 
 
 class SQLitePayments:
-    def __init__(self, engine: Engine):
-        self._db = engine
+    def __init__(self, engine: Engine, instance_id: str, lease_seconds: int):
+        self._db, self._owner, self._lease = engine, instance_id, lease_seconds
 
     async def is_claimed(self, claim_key: str) -> bool:
         return await self._db.run(_one, "SELECT 1 FROM x402_payments WHERE claim_key = ?", (claim_key,)) is not None
@@ -361,13 +395,41 @@ class SQLitePayments:
     async def claim(self, c: PaymentClaim) -> bool:
         return await self._db.transaction(
             _rowcount, "INSERT OR IGNORE INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, "
-                       "ref, status, created_at) VALUES (?,?,?,?,?,?,?,'claimed',?)",
-            (c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now())) == 1
+                       "ref, status, created_at, scheme, settle_with, deadline, owner, lease_until) "
+                       "VALUES (?,?,?,?,?,?,?,'claimed',?,?,?,?,?,?)",
+            (c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now(), c.scheme, c.settle_with,
+             c.deadline, self._owner, now() + self._lease)) == 1
 
-    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
-        await self._db.transaction(_rowcount, "UPDATE x402_payments SET status = ?, tx = ?, reason = ?, "
-                                              "settled_at = ? WHERE claim_key = ?", (status, tx, reason, now(),
-                                                                                    claim_key))
+    async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
+        await self._db.transaction(_rowcount, "UPDATE x402_payments SET status = 'settling', due = ?, usd_micro = ? "
+                                              "WHERE claim_key = ? AND status = 'claimed'",
+                                   (str(amount), usd_micro, claim_key))
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
+                     amount: int | None = None, usd_micro: int | None = None) -> None:
+        await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
+                       "amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?",
+            (status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key))
+
+    async def renew_leases(self) -> int:
+        return await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET lease_until = ? WHERE owner = ? AND status IN ('claimed', 'settling')",
+            (now() + self._lease, self._owner))
+
+    async def unfinished(self, at: float | None = None) -> list[UnfinishedPayment]:
+        at = int(time.time() if at is None else at)
+        rows = await self._db.run(_all, "SELECT claim_key, ref, scheme, settle_with, deadline, due FROM x402_payments "
+                                        "WHERE status IN ('claimed', 'settling') AND settle_with IS NOT NULL "
+                                        "AND lease_until < ?", (at,))
+        return [UnfinishedPayment(*r) for r in rows]
+
+    async def adopt(self, claim_key: str, at: float | None = None) -> bool:
+        at = int(time.time() if at is None else at)
+        return await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET owner = ?, lease_until = ? WHERE claim_key = ? "
+                       "AND status IN ('claimed', 'settling') AND lease_until < ?",
+            (self._owner, at + self._lease, claim_key, at)) == 1
 
 
 class SQLiteStorage:
@@ -378,15 +440,15 @@ class SQLiteStorage:
         self.instance_id, self.lease_seconds = instance_id, lease_seconds
         self.ledger = SQLiteLedger(db, instance_id, lease_seconds)
         self.keys, self.usage, self.agents = SQLiteKeys(db), SQLiteUsage(db), SQLiteAgents(db)
-        self.allowance, self.payments = SQLiteAllowance(db), SQLitePayments(db)
+        self.allowance, self.payments = SQLiteAllowance(db), SQLitePayments(db, instance_id, lease_seconds)
 
     @classmethod
-    async def open(cls, path: str, migrations: list[tuple[str, Any]], instance_id: str,
+    async def open(cls, path: str, plugin_steps: list[tuple[str, Any]], instance_id: str,
                    lease_seconds: int) -> "SQLiteStorage":
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         db = Engine(path)
-        await db.open(MIGRATIONS + for_engine(migrations, "sqlite"))
+        await db.open(migrations("sqlite") + for_engine(plugin_steps, "sqlite"))
         return cls(db, instance_id, lease_seconds)
 
     async def fetchone(self, sql: str, params: tuple = ()):

@@ -1,0 +1,170 @@
+"""The built-in schema as numbered migrations, the same on every engine: names sort into
+order and each runs once per database. Money and times are 64-bit integers; the one
+difference between engines is how a table gets generated ids (`{id}`)."""
+
+CORE = """
+CREATE TABLE accounts (
+    id {id},
+    name TEXT,
+    balance_micro BIGINT NOT NULL DEFAULT 0 CHECK (balance_micro >= 0),
+    created_at BIGINT NOT NULL
+);
+CREATE TABLE api_keys (
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    hash TEXT NOT NULL UNIQUE,          -- sha256 of the whole key; the key itself is never stored
+    prefix TEXT NOT NULL,               -- first characters, for display only
+    name TEXT,
+    agent_id BIGINT,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT
+);
+-- Append-only: the balance is the sum of an account's entries (cached in accounts).
+CREATE TABLE ledger (
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    amount_micro BIGINT NOT NULL,
+    kind TEXT NOT NULL,                 -- grant | purchase | bonus | hold | release
+    ref TEXT,                           -- call id, order id, ...
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX ledger_by_account ON ledger(account_id);
+CREATE INDEX ledger_by_ref ON ledger(ref);
+CREATE TABLE holds (
+    call_id TEXT PRIMARY KEY,
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    amount_micro BIGINT NOT NULL,
+    charge_micro BIGINT,
+    status TEXT NOT NULL,               -- open | settled | released
+    created_at BIGINT NOT NULL,
+    settled_at BIGINT
+);
+CREATE INDEX holds_open ON holds(status) WHERE status = 'open';
+"""
+
+FREE_ALLOWANCE = """
+CREATE TABLE free_usage (
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    day TEXT NOT NULL,                  -- UTC date
+    used_micro BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (account_id, day)
+);
+ALTER TABLE holds ADD COLUMN free_micro BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE holds ADD COLUMN free_day TEXT;
+"""
+
+# Owner and lease: a hold is released by another process only once its lease expired.
+# Holds from before this step have no owner and lease 0, so they count as expired.
+HOLD_LEASES = """
+ALTER TABLE holds ADD COLUMN owner TEXT;
+ALTER TABLE holds ADD COLUMN lease_until BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE holds ADD COLUMN key_id BIGINT;
+ALTER TABLE holds ADD COLUMN agent_id BIGINT;
+ALTER TABLE holds ADD COLUMN endpoint TEXT;
+ALTER TABLE holds ADD COLUMN requested_model TEXT;
+ALTER TABLE holds ADD COLUMN model TEXT;
+CREATE INDEX holds_open_by_owner ON holds(owner, lease_until) WHERE status = 'open';
+"""
+
+USAGE = """
+CREATE TABLE usage (
+    id {id},
+    call_id TEXT NOT NULL UNIQUE,
+    account_id BIGINT,
+    key_id BIGINT,
+    agent_id BIGINT,
+    endpoint TEXT NOT NULL,
+    requested_model TEXT,
+    model TEXT,
+    input_tokens BIGINT NOT NULL DEFAULT 0,
+    output_tokens BIGINT NOT NULL DEFAULT 0,
+    usd_micro BIGINT NOT NULL DEFAULT 0,
+    status INTEGER,
+    outcome TEXT,
+    latency_ms BIGINT,
+    billing TEXT,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX usage_by_account ON usage(account_id, id);
+"""
+
+X402_PAYMENTS = """
+CREATE TABLE x402_payments (
+    claim_key TEXT PRIMARY KEY,        -- one-time key: (network, asset, payer, nonce) or tx hash
+    network TEXT NOT NULL,
+    asset TEXT NOT NULL,
+    payer TEXT,
+    amount TEXT NOT NULL,              -- atomic units, as paid
+    usd_micro BIGINT NOT NULL,        -- what that amount is worth
+    ref TEXT NOT NULL,                 -- call id or order id
+    status TEXT NOT NULL,              -- claimed | settled | settle_failed | unused
+    tx TEXT,
+    reason TEXT,
+    created_at BIGINT NOT NULL,
+    settled_at BIGINT
+);
+"""
+
+# A call's x402 payment can outlive its process: what settling it needs, the amount owed once
+# the call is priced, and an owner with a lease like a hold's (see plugins.x402.recovery).
+X402_RECOVERY = """
+ALTER TABLE x402_payments ADD COLUMN scheme TEXT NOT NULL DEFAULT 'exact';
+ALTER TABLE x402_payments ADD COLUMN settle_with TEXT;
+ALTER TABLE x402_payments ADD COLUMN deadline BIGINT;
+ALTER TABLE x402_payments ADD COLUMN due TEXT;
+ALTER TABLE x402_payments ADD COLUMN owner TEXT;
+ALTER TABLE x402_payments ADD COLUMN lease_until BIGINT;
+CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHERE settle_with IS NOT NULL;
+"""
+
+# Per-key restrictions an operator sets (plugins.admin): expiry, a spend limit per day or
+# month (checked inside the reserve, so concurrent calls cannot overshoot it), allowed models.
+KEY_POLICY = """
+ALTER TABLE api_keys ADD COLUMN expires_at BIGINT;
+ALTER TABLE api_keys ADD COLUMN spend_limit_micro BIGINT;
+ALTER TABLE api_keys ADD COLUMN spend_period TEXT;
+ALTER TABLE api_keys ADD COLUMN models TEXT;
+CREATE INDEX usage_by_key ON usage(key_id, created_at);
+CREATE INDEX holds_open_by_key ON holds(key_id) WHERE status = 'open';
+"""
+
+CREDIT_ORDERS = """
+CREATE TABLE credit_orders (
+    id TEXT PRIMARY KEY,
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    usd_micro BIGINT NOT NULL,
+    bonus_micro BIGINT NOT NULL,
+    claim_key TEXT NOT NULL UNIQUE,     -- the payment: one order per payment, ever
+    tx TEXT,
+    created_at BIGINT NOT NULL
+);
+"""
+
+AGENTS = """
+CREATE TABLE agents (
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    name TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    UNIQUE (account_id, name)
+);
+"""
+
+ID = {"sqlite": "INTEGER PRIMARY KEY",          # an alias of the rowid
+      "postgresql": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"}
+
+STEPS = [
+    ("0001_core", CORE),
+    ("0002_free_allowance", FREE_ALLOWANCE),
+    ("0003_hold_leases", HOLD_LEASES),
+    ("0100_usage", USAGE),
+    ("0200_x402_payments", X402_PAYMENTS),
+    ("0210_credit_orders", CREDIT_ORDERS),
+    ("0220_agents", AGENTS),
+    ("0230_x402_recovery", X402_RECOVERY),
+    ("0240_key_policy", KEY_POLICY),
+]
+
+
+def migrations(engine: str) -> list[tuple[str, str]]:
+    return [(name, sql.replace("{id}", ID[engine])) for name, sql in STEPS]

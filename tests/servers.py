@@ -1,0 +1,139 @@
+"""Real database servers for the test suite, started by the suite itself: on loopback, in
+a temporary folder, stopped when the session ends. Debian's packages provide them
+(`scripts/test` installs them). Locally a missing server skips its tests with a message
+saying what to install; under CI=true it fails them instead, so CI never goes green
+without them."""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unavailable(what: str, install: str) -> None:
+    """Skip (locally) or fail (under CI=true): this server is needed and missing."""
+    message = f"{what} is not installed: apt-get install {install} (scripts/test does it for you)"
+    if IN_CI:
+        pytest.fail(message + "; under CI=true these tests must run", pytrace=False)
+    pytest.skip(message)
+
+
+def find_binary(name: str, patterns: list[str]) -> str | None:
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern), reverse=True)      # the newest version first
+        if found:
+            return found[0]
+    return shutil.which(name)
+
+
+def wait_for_port(port: int, seconds: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    detail = log.read_text()[-2000:] if log and log.exists() else ""
+    raise RuntimeError(f"server on 127.0.0.1:{port} did not start in {seconds:.0f} s\n{detail}")
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster; `fresh_url()` gives each test its own empty store.
+    PostgreSQL refuses to run as root, so as root its binaries run as `postgres`."""
+
+    def __init__(self, bindir: str):
+        self.bindir = Path(bindir)
+        self.dir = Path(tempfile.mkdtemp(prefix="gateway-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.as_user: list[str] = []
+        self._count = 0
+
+    def _run(self, *cmd: str) -> None:
+        subprocess.run([*self.as_user, *cmd], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> "PostgresServer":
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                  "--no-sync", "-E", "UTF8")
+        options = (f"-p {self.port} -h 127.0.0.1 -k {self.dir} -c fsync=off -c synchronous_commit=off "
+                   "-c full_page_writes=off -c max_connections=400")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
+                  str(self.dir / "server.log"), "-w", "-t", "60", "start")
+        wait_for_port(self.port, 30, log=self.dir / "server.log")
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    async def fresh_url(self) -> str:
+        """A URL whose tables are all new: a schema of its own, put first on the search
+        path (much cheaper than a database per test, and just as isolated)."""
+        import asyncpg
+        self._count += 1
+        schema = f"test_{os.getpid()}_{self._count}"
+        conn = await asyncpg.connect(self.url())
+        try:
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+        finally:
+            await conn.close()
+        return self.url() + f"?search_path={schema}"
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def postgres_bindir() -> str | None:
+    initdb = find_binary("initdb", ["/usr/lib/postgresql/*/bin/initdb"])
+    return str(Path(initdb).resolve().parent) if initdb else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL server for the whole session (skips or fails if not installed)."""
+    bindir = postgres_bindir()
+    if bindir is None or (os.geteuid() == 0 and not _user_exists("postgres")):
+        unavailable("PostgreSQL", "postgresql")
+    server = PostgresServer(bindir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def postgres_url(postgres_server) -> str:
+    """A fresh, empty store on the session's server."""
+    return await postgres_server.fresh_url()
