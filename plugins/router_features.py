@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
 NGRAMS = (2, 3, 4)
-QUESTION_CAP = 320                # characters of question that give n-grams (head and tail)
+QUESTION_CAP = 240                # characters of question that give n-grams (head and tail)
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
 
@@ -70,7 +70,7 @@ DENSE = ("bias", "q_len", "ctx_len", "has_ctx", "code", "math", "numbers", "clau
          "q<30", "q<80", "q<160", "q<300", "q<600", "n>=3", "n>=6", "c>=3", "c>=6")
 FEATURES = BUCKETS + len(DENSE)
 
-_BLOCKS = re.compile(r"\n\s*\n|```|\"\"\"|\n-{3,}\n")
+SEPARATORS = ("\n\n", "```", '"""', "\n---")
 _DIGITS = re.compile(r"\d+")
 _SPACE = re.compile(r"\s+")
 _WORDS = re.compile(r"\w{2,}")
@@ -100,15 +100,22 @@ def from_messages(messages: list[tuple[str, str, bool]], tools: int) -> RoutingI
 
 
 def split_question(text: str) -> tuple[str, int]:
-    """-> (the question, how many characters of pasted context surround it)."""
+    """-> (the question, how many characters of pasted context surround it).
+
+    The question is the short first or last block of a long turn (blocks end at a blank
+    line, a code fence, triple quotes or a `---` rule); found with `str.find`, so a long
+    paste costs next to nothing."""
     text = text.strip()
     if len(text) <= LONG_TURN:
         return text, 0
-    blocks = [b.strip() for b in _BLOCKS.split(text) if b.strip()]
-    short = [b for b in (blocks[0], blocks[-1]) if len(b) <= 500] if len(blocks) > 1 else []
+    starts = [i for i in (text.find(mark) for mark in SEPARATORS) if i > 0]
+    ends = [i + len(mark) for mark, i in ((mark, text.rfind(mark)) for mark in SEPARATORS) if i > 0]
+    head = text[:min(starts)].strip() if starts else ""
+    tail = text[max(ends):].strip() if ends else ""
+    short = [block for block in (head, tail) if block and len(block) <= 500]
     if not short:
-        lines = [line for line in text.splitlines() if line.strip()]
-        short = [lines[0][:300], lines[-1][:300]]
+        lines = [line for line in (text[:400].splitlines()[:1] + text[-400:].splitlines()[-1:]) if line.strip()]
+        short = [line[:300] for line in lines]
     question = "\n".join(dict.fromkeys(short))
     return question, max(0, len(text) - len(question))
 
