@@ -28,6 +28,7 @@ from plugins.errors import GatewayError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
@@ -272,8 +273,7 @@ def cmd_run(args) -> int:
     log.info("starting", host=host, port=port, config=cfg.path, storage=config_mod.redact_url(cfg.storage_url),
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
-                shutdown_timeout=30, access_log=None, handle_signals=True)
+    asyncio.run(serve(app, host, port, cfg.server))
     return 0
 
 

@@ -36,12 +36,21 @@ async def account_for_key(store: Storage, key: str) -> int | None:
     return found.account_id if found else None
 
 
-def parse_usd(text: str) -> int:
-    """'12.5' -> 12_500_000 micro-USD; refuses negatives and sub-micro precision."""
+MAX_USD = 10 ** 12      # far above any real amount; keeps Infinity and 1e999999 out
+
+
+def parse_usd(text: str | int | float) -> int:
+    """'12.5' (or 12.5) -> 12_500_000 micro-USD; refuses what is not a finite amount of
+    at most MAX_USD, negatives and sub-micro precision (ValueError saying which)."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"not a number: {text!r}")
     try:
-        amount = Decimal(text) * config_mod.MICRO
+        amount = Decimal(str(text))
     except InvalidOperation:
-        raise ValueError(f"not an amount of USD: {text!r}") from None
+        raise ValueError(f"not a number: {text!r}") from None
+    if not amount.is_finite() or abs(amount) > MAX_USD:
+        raise ValueError(f"not a finite number of at most {MAX_USD:,}: {text!r}")
+    amount *= config_mod.MICRO
     if amount < 0 or amount != amount.to_integral_value():
         raise ValueError(f"amount must be >= 0 with at most 6 decimals: {text!r}")
     return int(amount)

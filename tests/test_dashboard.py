@@ -69,7 +69,6 @@ async def test_operator_creates_an_account_and_sees_its_call(ops, browser, shots
     page, errors = await new_page(browser, ops)
     await sign_in(page, ADMIN_KEY)
     await page.wait_for_selector("[data-testid=accounts]")
-    await page.screenshot(path=str(shots / "operator-accounts.png"), full_page=True)
 
     await page.fill("[data-testid=create-account] input[name=name]", "Acme Robotics")
     await page.fill("[data-testid=create-account] input[name=credits_usd]", "5")
@@ -87,6 +86,11 @@ async def test_operator_creates_an_account_and_sees_its_call(ops, browser, shots
     balance = await page.inner_text("[data-testid=balance]")
     assert balance == f"${5 - reply.billing['usd']:.6f}".rstrip("0")
     await page.screenshot(path=str(shots / "operator-account.png"), full_page=True)
+    await page.click("text=All accounts")
+    await page.wait_for_selector("[data-testid=by-model] td:has-text('demo/echo')")
+    assert await page.locator("[data-testid=usage-chart] rect").count() == 1
+    assert "Acme Robotics" in await page.inner_text("[data-testid=accounts]")
+    await page.screenshot(path=str(shots / "operator-accounts.png"), full_page=True)
     assert errors == []
 
 

@@ -71,7 +71,9 @@ class Ledger(Protocol):
         """The sum of the account's ledger entries (equals `balance`, or the books are wrong)."""
 
     async def purchase(self, order: CreditPurchase) -> tuple[int, int]:
-        """Record a paid credit order and credit it with its bonus; -> (bonus, balance)."""
+        """Record a paid credit order, mark its payment settled and credit it with its
+        bonus, in one transaction; a payment already credited is not credited again.
+        -> (bonus, balance)."""
 
     async def renew_leases(self) -> int:
         """Extend the lease of every open hold this process owns (one statement)."""
@@ -79,6 +81,13 @@ class Ledger(Protocol):
     async def release_expired(self, at: float | None = None) -> int:
         """Release open holds whose lease expired (their owner died), each with a
         `crashed` usage row; -> how many."""
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        """Record (JSON: provider, method, url) how to cancel the upstream render a call
+        is waiting on, or None once it ended."""
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        """(call id, job) of renders whose hold is no longer open: their process died."""
 
 
 class Keys(Protocol):

@@ -193,11 +193,16 @@ class PostgresLedger:
         async with self._pool.acquire() as c, c.transaction():
             # Lock the account first: two orders of one account at once see each other.
             await c.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", o.account_id)
+            done = await c.fetchval("SELECT bonus_micro FROM credit_orders WHERE claim_key = $1", o.claim_key)
+            if done is not None:         # credited before (a retry after a crash): never twice
+                return done, await c.fetchval("SELECT balance_micro FROM accounts WHERE id = $1", o.account_id)
             first = await c.fetchval("SELECT 1 FROM credit_orders WHERE account_id = $1 LIMIT 1", o.account_id) is None
             bonus = o.bonus_first_micro if first else o.bonus_micro
             await c.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, "
                             "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)", o.order_id, o.account_id, o.usd_micro,
                             bonus, o.claim_key, o.tx, now())
+            await c.execute("UPDATE x402_payments SET status = 'settled', tx = $1, reason = NULL, settled_at = $2 "
+                            "WHERE claim_key = $3", o.tx, now(), o.claim_key)
             balance = await _credit(c, o.account_id, o.usd_micro, "purchase", o.order_id)
             if bonus:
                 balance = await _credit(c, o.account_id, bonus, "bonus", o.order_id)
@@ -213,6 +218,14 @@ class PostgresLedger:
         at = int(time.time() if at is None else at)
         rows = await self._pool.fetch("SELECT call_id FROM holds WHERE status = 'open' AND lease_until < $1", at)
         return sum([await self._release(r["call_id"], at, crashed=True) for r in rows])
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._pool.execute("UPDATE holds SET upstream_job = $1 WHERE call_id = $2", job, call_id)
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        rows = await self._pool.fetch("SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL "
+                                      "AND status <> 'open'")
+        return [(r["call_id"], r["upstream_job"]) for r in rows]
 
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------

@@ -228,10 +228,15 @@ def _release_expired(conn, at: int) -> int:
 
 
 def _purchase(conn, o: CreditPurchase) -> tuple[int, int]:
+    done = conn.execute("SELECT bonus_micro FROM credit_orders WHERE claim_key = ?", (o.claim_key,)).fetchone()
+    if done is not None:                 # credited before (a retry after a crash): never twice
+        return done[0], conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (o.account_id,)).fetchone()[0]
     first = conn.execute("SELECT 1 FROM credit_orders WHERE account_id = ? LIMIT 1", (o.account_id,)).fetchone() is None
     bonus = o.bonus_first_micro if first else o.bonus_micro
     conn.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, created_at) "
                  "VALUES (?,?,?,?,?,?,?)", (o.order_id, o.account_id, o.usd_micro, bonus, o.claim_key, o.tx, now()))
+    conn.execute("UPDATE x402_payments SET status = 'settled', tx = ?, reason = NULL, settled_at = ? "
+                 "WHERE claim_key = ?", (o.tx, now(), o.claim_key))
     balance = _credit(conn, o.account_id, o.usd_micro, "purchase", o.order_id)
     if bonus:
         balance = _credit(conn, o.account_id, bonus, "bonus", o.order_id)
@@ -275,6 +280,13 @@ class SQLiteLedger:
 
     async def release_expired(self, at: float | None = None) -> int:
         return await self._db.transaction(_release_expired, int(time.time() if at is None else at))
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._db.transaction(_rowcount, "UPDATE holds SET upstream_job = ? WHERE call_id = ?", (job, call_id))
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        return [tuple(r) for r in await self._db.run(
+            _all, "SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL AND status <> 'open'")]
 
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------

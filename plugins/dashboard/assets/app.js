@@ -61,16 +61,19 @@ function barChart(points, testid) {
   svg.setAttribute("data-testid", testid);
   svg.setAttribute("role", "img");
   const max = Math.max(...points.map((p) => p.value), 0);
+  points = max ? points : [];
   const step = points.length ? (w - pad) / points.length : 0;
   points.forEach((p, i) => {
-    const bh = max ? (p.value / max) * (h - pad) : 0;
-    const bar = document.createElementNS(ns, "rect");
-    Object.entries({x: pad + i * step + 2, y: h - bh, width: Math.max(2, step - 4), height: bh, class: "bar"})
-      .forEach(([k, v]) => bar.setAttribute(k, v));
-    const tip = document.createElementNS(ns, "title");
-    tip.textContent = `${p.label}: ${usd(p.value)}`;
-    bar.append(tip);
-    svg.append(bar);
+    if (p.value > 0) {                       // a bar for each day with spend
+      const bh = Math.max(1, (p.value / max) * (h - pad));
+      const bar = document.createElementNS(ns, "rect");
+      Object.entries({x: pad + i * step + 2, y: h - bh, width: Math.max(2, step - 4), height: bh, class: "bar"})
+        .forEach(([k, v]) => bar.setAttribute(k, v));
+      const tip = document.createElementNS(ns, "title");
+      tip.textContent = `${p.label}: ${usd(p.value)}`;
+      bar.append(tip);
+      svg.append(bar);
+    }
     if (points.length <= 14 || i % Math.ceil(points.length / 14) === 0) {
       const label = document.createElementNS(ns, "text");
       Object.entries({x: pad + i * step + step / 2, y: h + 16, class: "axis"}).forEach(([k, v]) => label.setAttribute(k, v));
@@ -85,6 +88,16 @@ function barChart(points, testid) {
     svg.append(empty);
   }
   return svg;
+}
+
+function lastDays(byDay, days = 14) {
+  // The last `days` UTC days, with 0 for days without calls, so one busy day is one bar, not the chart.
+  const spend = new Map(byDay.map((d) => [d.day, d.usd]));
+  const today = Date.UTC(new Date().getUTCFullYear(), new Date().getUTCMonth(), new Date().getUTCDate());
+  return Array.from({length: days}, (_, i) => {
+    const day = new Date(today - (days - 1 - i) * 86400000).toISOString().slice(0, 10);
+    return {label: day, value: spend.get(day) || 0};
+  });
 }
 
 function shownOnce(key) {
@@ -157,7 +170,7 @@ async function accountView(root) {
     el("div", {class: "stats"},
        stat("Balance", usd(me.balance_usd), "balance"),
        stat("Free allowance left today", usd(me.free_allowance_left_usd), "allowance")),
-    card("Spend by day", barChart(summary.by_day.map((d) => ({label: d.day, value: d.usd})), "usage-chart")),
+    card("Spend by day", barChart(lastDays(summary.by_day), "usage-chart")),
     card("Recent calls", table(usageColumns(false), usage.data, "calls")),
     card("Keys", fresh, keysTable(keys.data, async (k) => {
       if (!confirm(`Revoke ${k.prefix}…? Calls with it will be refused.`)) return;
@@ -204,7 +217,7 @@ async function operatorView(root, {q = "", offset = 0, account = null} = {}) {
                                     body: {name: data.get("name"), credits_usd: data.get("credits_usd") || "0"}});
              await operatorView(root, {account: made.account.id});
            }, "create-account")),
-    card("Spend by day", barChart(summary.by_day.map((d) => ({label: d.day, value: d.usd})), "usage-chart")),
+    card("Spend by day", barChart(lastDays(summary.by_day), "usage-chart")),
     el("div", {class: "columns"},
        card("Spend by model", table([["Model", (r) => r.model ?? "—"], ["Calls", (r) => r.calls], ["Spend", (r) => usd(r.usd)]],
                                     summary.by_model, "by-model")),
