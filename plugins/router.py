@@ -28,13 +28,13 @@ from .appstate import CONFIG, PROVIDERS
 from .context import CallContext
 from .errors import bad_request
 from .router_features import RoutingInput, from_messages
-from .router_model import shipped
+from .router_model import TIERS, shipped
 from .routing import route_to
 from providers.types import ChatRequest, Message, TextPart, ToolResult
 
 ROUTER = web.AppKey("router", object)
 SMART = "svc/smart"
-DIFFICULTIES = ("easy", "medium", "hard", "frontier")
+DIFFICULTIES = TIERS
 QUALITIES = ("low", "medium", "high")
 log = structlog.get_logger("router")
 

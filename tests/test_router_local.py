@@ -119,3 +119,14 @@ def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
     from plugins.router_model import LocalClassifier
     assert LocalClassifier.load(out_file).decide(RoutingInput("hi")).tier in ("easy", "medium")
 
+
+
+async def test_the_billing_note_says_when_it_routed_up(start_gateway, fake_openai):
+    # The shipped model's likeliest tier for this request is easy (p about 0.65); the chance
+    # that easy is too low is above the route-up threshold, so it goes to medium and says so.
+    gw = await start_gateway(unreachable_classifier(fake_openai))
+    key, _ = await gw.key(1)
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[
+        {"role": "user", "content": "Summarise the plot of Hamlet in three sentences."}])
+    billing = r.model_extra["billing"]
+    assert billing["difficulty"] == "medium" and "(medium, by local; routed up from easy (unsure: p=" in billing["note"]
