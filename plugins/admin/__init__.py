@@ -228,13 +228,18 @@ async def revoke_key(request):
 
 # ---- usage and ledger ----------------------------------------------------------------------
 
+async def _rows(request, read, shape, columns: tuple[str, ...], filename: str):
+    """A filtered, paged listing as JSON, or as CSV when asked (`format=csv` or Accept)."""
+    rows = await read(request.app[STORE], usage_filter(request.query), page(request.query, 100))
+    items = [shape(r) for r in rows]
+    if _csv_wanted(request):
+        return render.to_csv(items, columns, filename)
+    return json_response({"object": "list", "data": items})
+
+
 @admin
 async def list_usage(request):
-    rows = await reports.usage(request.app[STORE], usage_filter(request.query), page(request.query, 100))
-    items = [render.usage(r) for r in rows]
-    if _csv_wanted(request):
-        return render.to_csv(items, render.USAGE_CSV, "usage.csv")
-    return json_response({"object": "list", "data": items})
+    return await _rows(request, reports.usage, render.usage, render.USAGE_CSV, "usage.csv")
 
 
 @admin
@@ -244,11 +249,7 @@ async def summarize(request):
 
 @admin
 async def list_ledger(request):
-    rows = await reports.ledger(request.app[STORE], usage_filter(request.query), page(request.query, 100))
-    items = [render.entry(r) for r in rows]
-    if _csv_wanted(request):
-        return render.to_csv(items, render.LEDGER_CSV, "ledger.csv")
-    return json_response({"object": "list", "data": items})
+    return await _rows(request, reports.ledger, render.entry, render.LEDGER_CSV, "ledger.csv")
 
 
 # ---- the account's own summaries (account key) ------------------------------------------------
