@@ -25,6 +25,7 @@ hookimpl = pluggy.HookimplMarker("gateway")
 DEFAULT_PLUGINS = (
     "providers",
     "plugins.store",
+    "plugins.redis_link",
     "plugins.formats.chat_completions",
     "plugins.formats.messages",
     "plugins.formats.responses",

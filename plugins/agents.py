@@ -11,7 +11,7 @@ from aiohttp import web
 
 from . import hookimpl
 from .appstate import STORE
-from .auth import authenticate_request, forget
+from .auth import authenticate_request, credential, hash_key, key_changed
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
 from .store import now
@@ -58,7 +58,7 @@ async def register_agent(request: web.Request) -> web.Response:
         raise bad_request(f"name: at most 60 characters, got {len(name)}", param="name")
     agent_id, created, attached = await request.app[STORE].transaction(
         _register, principal.account_id, principal.key_id, name)
-    forget()       # cached principals carry the old agent
+    await key_changed(request.app, hash_key(credential(request)))     # cached principals carry the old agent
     note = ("key attached: usage on this key shows under the agent" if attached else
             "this key already belongs to another agent and stays with it")
     return json_response({"agent": {"id": agent_id, "name": name}, "key_attached": attached, "note": note},

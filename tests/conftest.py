@@ -17,6 +17,7 @@ from plugins import ledger
 from plugins.accounts import create_account
 from plugins.appstate import STORE
 from tests.fakes import FakeAnthropic, FakeOpenAIChat
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = 1_000_000
@@ -100,6 +101,31 @@ def start_gateway(aiohttp_server, write_config):
 @pytest.fixture
 async def gw(start_gateway):
     return await start_gateway()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server for the session (skipped locally if not installed)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The session's Redis, emptied for this test."""
+    import redis
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
+    return redis_server.url
+
+
+@pytest.fixture(params=["memory", "redis"])
+def shared_state(request) -> dict:
+    """Config for where rate limits and key changes live: in process, or in a real Redis."""
+    if request.param == "memory":
+        return {}
+    return {"redis": request.getfixturevalue("redis_url")}
 
 
 @pytest.fixture
