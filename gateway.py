@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 import aiohttp
@@ -19,7 +20,7 @@ import structlog
 from aiohttp import web
 
 import config as config_mod
-from plugins import acall_all, around, get_plugin_manager
+from plugins import acall_all, around, get_plugin_manager, workers
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
@@ -266,17 +267,30 @@ def cmd_run(args) -> int:
     except config_mod.ConfigError as err:
         print(f"gateway: {err}", file=sys.stderr)
         return 2
+    if args.workers > 1 and not workers.is_worker():
+        return workers.supervise(_child_argv(args), args.workers, host, port)
     try:
         import uvloop              # a faster event loop, where installed
         uvloop.install()
     except ImportError:
         pass
+    if workers.is_worker():
+        app.cleanup_ctx.append(workers.parent_watch)
     log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True,
+    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, reuse_port=workers.is_worker(),
                 shutdown_timeout=30, access_log=None, handle_signals=True)
     return 0
+
+
+def _child_argv(args) -> list[str]:
+    """`gateway run` for one worker: the same options, one process."""
+    argv = ["run", "--log-level", args.log_level]
+    for flag, value in (("--config", args.config), ("--plugins-dir", args.plugins_dir)):
+        if value:
+            argv += [flag, os.path.abspath(value)]
+    return argv
 
 
 def cmd_check(args) -> int:
@@ -290,6 +304,16 @@ def cmd_check(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def build_parser(pm) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Self-hosted AI gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -297,6 +321,8 @@ def build_parser(pm) -> argparse.ArgumentParser:
     run.add_argument("--host")
     run.add_argument("--port", type=int)
     run.add_argument("--log-level", default="info")
+    run.add_argument("--workers", type=_positive, default=1,
+                     help="processes serving the port (SO_REUSEPORT), sharing the configured stores")
     run.set_defaults(func=cmd_run)
     check = sub.add_parser("check", help="validate a config file without starting")
     check.set_defaults(func=cmd_check)

@@ -45,6 +45,7 @@ DEFAULT_PLUGINS = (
     "plugins.keyless",
     "plugins.usage",
     "plugins.accounts",
+    "plugins.account_keys",
     "plugins.listings",
     "plugins.media",
     "plugins.media.artifacts",

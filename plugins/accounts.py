@@ -59,7 +59,8 @@ def parse_usd(text: str) -> int:
 
 # ---- HTTP ----------------------------------------------------------------------
 
-async def _principal(request):
+async def require_principal(request):
+    """The caller's account key, or 401."""
     principal = await authenticate_request(request)
     if principal is None:
         raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
@@ -68,7 +69,7 @@ async def _principal(request):
 
 
 async def get_account(request):
-    p = await _principal(request)
+    p = await require_principal(request)
     body = {"account_id": p.account_id,
             "balance_usd": usd(await ledger.balance(request.app[STORE], p.account_id)),
             "free_allowance_left_usd": 0.0,
@@ -79,7 +80,7 @@ async def get_account(request):
 
 
 async def get_usage(request):
-    p = await _principal(request)
+    p = await require_principal(request)
     try:
         limit = min(max(int(request.query.get("limit", "50")), 1), 500)
     except ValueError:

@@ -11,8 +11,9 @@ from aiohttp import web
 
 from . import hookimpl
 from .appstate import STORE
-from .auth import authenticate_request, credential, hash_key, key_changed
-from .errors import GatewayError, bad_request
+from .accounts import require_principal
+from .auth import credential, hash_key, key_changed
+from .errors import bad_request
 from .formats.base import json_response, read_json
 from .store import now
 
@@ -45,10 +46,7 @@ def _register(conn, account_id: int, key_id: int, name: str):
 
 
 async def register_agent(request: web.Request) -> web.Response:
-    principal = await authenticate_request(request)
-    if principal is None:
-        raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
-                           code="missing_api_key")
+    principal = await require_principal(request)
     body = await read_json(request)
     name = body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name.strip():

@@ -176,6 +176,9 @@ def _setup(conn: sqlite3.Connection, migrations: list[tuple[str, str]]) -> None:
         if name in done:
             continue
         conn.execute("BEGIN IMMEDIATE")
+        if conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone():
+            conn.execute("COMMIT")            # another process sharing the file applied it meanwhile
+            continue
         try:
             for statement in _statements(sql):
                 conn.execute(statement)
