@@ -33,12 +33,12 @@ MODELS = [
 
 
 class Cluster:
-    def __init__(self, folder: Path, *, redis_url: str, mode: str, count: int = 4, extra: dict | None = None):
+    def __init__(self, folder: Path, *, redis_url: str | None, mode: str, count: int = 4, extra: dict | None = None):
         self.folder, self.mode, self.count = folder, mode, count
         self.db = folder / "gateway.db"
-        config = {"storage": f"sqlite:///{self.db}", "redis": redis_url,
+        config = {"storage": f"sqlite:///{self.db}",
                   "providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.05}},
-                  "models": {"chat": MODELS}, **(extra or {})}
+                  "models": {"chat": MODELS}, **({"redis": redis_url} if redis_url else {}), **(extra or {})}
         self.config = folder / "gateway.yaml"
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
         self.procs: list[subprocess.Popen | None] = []
