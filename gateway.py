@@ -20,16 +20,16 @@ import structlog
 from aiohttp import web
 
 import config as config_mod
-from plugins import acall_all, around, get_plugin_manager, workers
+from plugins import acall_all, get_plugin_manager, workers
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import GatewayError
-from plugins.pipeline import finish, run_stages, succeeded, upstream_call
+from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
-from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body, read_json
-from plugins.store import Store, collect_migrations
+from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.storage import collect_migrations, leases, open_storage
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )
@@ -70,9 +70,12 @@ def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=Non
 
 async def _database(app: web.Application):
     cfg = app[CONFIG]
-    store = await Store.open(cfg.storage_path, collect_migrations(app[PM]))
+    store = await open_storage(cfg.storage_url, collect_migrations(app[PM]))
     app[STORE] = store
+    await leases.release_expired(store)       # holds of processes that died (never a live one's)
+    keeper = asyncio.get_running_loop().create_task(leases.keep_leases(store))
     yield
+    keeper.cancel()
     await store.close()
 
 
@@ -141,33 +144,28 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 def _chat_handler(fmt: ClientFormat):
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await run_chat(request, fmt)
+        return await run_call(request, fmt, prepare_chat, serve_chat)
     handler.__name__ = f"chat_{fmt.name}"
     return handler
 
 
-async def run_chat(request: web.Request, fmt: ClientFormat) -> web.StreamResponse:
-    pm = request.app[PM]
-    ctx = CallContext(request=request, endpoint=fmt.endpoint, call_id=new_id())
-    ctx.state["format"] = fmt
-    try:
-        ctx.chat = fmt.parse(await read_json(request))
-        ctx.chat.headers = {h: request.headers[h] for h in fmt.pass_headers if h in request.headers}
-        ctx.model_id, ctx.streaming, ctx.pricer = ctx.chat.model, ctx.chat.stream, CHAT_PRICER
-        ctx.input_chars, ctx.state["input_images"] = measure_input(ctx.chat)
-        async with around(pm, ctx):
-            await run_stages(ctx)
-            async with upstream_call(ctx):
-                if ctx.chat.stream:
-                    return await relay_stream(request, ctx, fmt)
-                answer = await ctx.route.provider.complete(ctx.chat, ctx.route.model)
-                ctx.usage = answer.usage
-                ctx.output_chars = len(answer.text()) + sum(len(c.arguments) for c in answer.tool_calls())
-                await succeeded(ctx)
-                return json_response(fmt.render(answer, ctx), headers=ctx.response_headers)
-    except GatewayError as err:
-        log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
-        return fmt.error_response(err)
+def prepare_chat(ctx: CallContext, body) -> None:
+    """Parse a chat body in the endpoint's format into the canonical request."""
+    fmt, request = ctx.format, ctx.request
+    ctx.chat = fmt.parse(body)
+    ctx.chat.headers = {h: request.headers[h] for h in fmt.pass_headers if h in request.headers}
+    ctx.model_id, ctx.streaming, ctx.pricer = ctx.chat.model, ctx.chat.stream, CHAT_PRICER
+    ctx.input_chars, ctx.input_images = measure_input(ctx.chat)
+
+
+async def serve_chat(ctx: CallContext) -> web.StreamResponse:
+    if ctx.chat.stream:
+        return await relay_stream(ctx.request, ctx, ctx.format)
+    answer = await ctx.route.provider.complete(ctx.chat, ctx.route.model)
+    ctx.usage = answer.usage
+    ctx.output_chars = len(answer.text()) + sum(len(c.arguments) for c in answer.tool_calls())
+    await succeeded(ctx)
+    return json_response(ctx.format.render(answer, ctx), headers=ctx.response_headers)
 
 
 async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat) -> web.StreamResponse:
@@ -276,7 +274,7 @@ def cmd_run(args) -> int:
         pass
     if workers.is_worker():
         app.cleanup_ctx.append(workers.parent_watch)
-    log.info("starting", host=host, port=port, config=cfg.path, storage=cfg.storage_path,
+    log.info("starting", host=host, port=port, config=cfg.path, storage=config_mod.redact_url(cfg.storage_url),
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, reuse_port=workers.is_worker(),

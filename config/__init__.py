@@ -72,7 +72,7 @@ class ServerConfig:
 class Config:
     path: str
     server: ServerConfig
-    storage_path: str
+    storage_url: str                  # sqlite:///PATH or postgresql://user:password@host:port/db
     discount: Decimal
     providers: dict[str, ProviderConfig]
     chat_models: dict[str, ChatModel]
@@ -253,12 +253,10 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
         server.port = port
     server.public_url = str(server_raw.get("public_url") or f"http://{server.host}:{server.port}").rstrip("/")
 
-    storage = raw.get("storage", "sqlite:///gateway.db")
-    storage_path = ""
-    if not isinstance(storage, str) or not storage.startswith("sqlite:///"):
-        c.fail("storage", f"expected sqlite:///PATH (e.g. sqlite:///gateway.db), got {storage!r}")
-    else:
-        storage_path = storage[len("sqlite:///"):] or "gateway.db"
+    storage_url = raw.get("storage", "sqlite:///gateway.db")
+    if not isinstance(storage_url, str) or not storage_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        c.fail("storage", "expected sqlite:///PATH (e.g. sqlite:///gateway.db) or "
+                          f"postgresql://user:password@host:port/dbname, got {redact_url(storage_url)!r}")
 
     pricing = c.mapping(raw.get("pricing"), "pricing")
     discount = Decimal("0.5")
@@ -305,7 +303,7 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
 
     if c.problems:
         raise ConfigError(c.problems)
-    return Config(path=file, server=server, storage_path=storage_path, discount=discount,
+    return Config(path=file, server=server, storage_url=storage_url, discount=discount,
                   providers=providers, chat_models=chat_models, plugins=plugins, raw=raw)
 
 
@@ -359,6 +357,13 @@ def redact(node):
     if isinstance(node, list):
         return [redact(v) for v in node]
     return node
+
+
+def redact_url(url):
+    """A URL safe to log: its password becomes '***'."""
+    if not isinstance(url, str):
+        return url
+    return re.sub(r"^([a-z]+://[^:/@]*:).*@", r"\1***@", url)
 
 
 def usd(micro: int) -> float:

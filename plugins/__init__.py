@@ -24,7 +24,6 @@ hookimpl = pluggy.HookimplMarker("gateway")
 
 DEFAULT_PLUGINS = (
     "providers",
-    "plugins.store",
     "plugins.redis_link",
     "plugins.formats.chat_completions",
     "plugins.formats.messages",

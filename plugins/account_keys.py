@@ -18,27 +18,20 @@ from .appstate import STORE
 from .auth import display_prefix, hash_key, key_changed, new_key
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
-from .store import now
+from .storage import KeyRecord
 
 MAX_NAME = 60
 
 
-def _view(row, current_id: int) -> dict:
-    return {"id": row["id"], "prefix": row["prefix"], "name": row["name"], "agent_id": row["agent_id"],
-            "created": row["created_at"], "revoked": row["revoked_at"], "current": row["id"] == current_id}
+def _view(k: KeyRecord, current_id: int) -> dict:
+    return {"id": k.id, "prefix": k.prefix, "name": k.name, "agent_id": k.agent_id, "created": k.created_at,
+            "revoked": k.revoked_at, "current": k.id == current_id}
 
 
 async def list_keys(request: web.Request) -> web.Response:
     p = await require_principal(request)
-    rows = await request.app[STORE].fetchall(
-        "SELECT id, prefix, name, agent_id, created_at, revoked_at FROM api_keys WHERE account_id = ? "
-        "ORDER BY id DESC", (p.account_id,))
-    return json_response({"object": "list", "data": [_view(r, p.key_id) for r in rows]})
-
-
-def _insert_key(conn, account_id: int, key: str, name: str | None) -> int:
-    return conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) VALUES (?,?,?,?,?)",
-                        (account_id, hash_key(key), display_prefix(key), name, now())).lastrowid
+    keys = await request.app[STORE].keys.list(p.account_id)
+    return json_response({"object": "list", "data": [_view(k, p.key_id) for k in reversed(keys)]})
 
 
 async def create_key(request: web.Request) -> web.Response:
@@ -51,21 +44,13 @@ async def create_key(request: web.Request) -> web.Response:
         raise bad_request(f"name: a string of at most {MAX_NAME} characters", param="name")
     name = (name.strip() or None) if name else None
     key = new_key()
-    key_id = await request.app[STORE].transaction(_insert_key, p.account_id, key, name)
+    key_id = await request.app[STORE].keys.create(p.account_id, hash_key(key), display_prefix(key), name)
     return json_response({"id": key_id, "key": key, "prefix": display_prefix(key), "name": name,
                           "note": "the key is shown once: store it now (only its hash is kept)"}, status=201)
 
 
-def _revoke(conn, account_id: int, key_id: int):
-    row = conn.execute("SELECT hash, prefix, revoked_at FROM api_keys WHERE id = ? AND account_id = ?",
-                       (key_id, account_id)).fetchone()
-    if row is None:
-        return None
-    revoked = row[2]
-    if revoked is None:
-        revoked = now()
-        conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (revoked, key_id))
-    return row[0], row[1], revoked
+async def _own_key(store, account_id: int, key_id: int) -> KeyRecord | None:
+    return next((k for k in await store.keys.list(account_id) if k.id == key_id), None)
 
 
 async def revoke_key(request: web.Request) -> web.Response:
@@ -74,13 +59,16 @@ async def revoke_key(request: web.Request) -> web.Response:
         key_id = int(request.match_info["key_id"])
     except ValueError:
         raise bad_request("the key id is a number, as listed by GET /api/v1/account/keys") from None
-    found = await request.app[STORE].transaction(_revoke, p.account_id, key_id)
+    store = request.app[STORE]
+    found = await _own_key(store, p.account_id, key_id)
     if found is None:
         raise GatewayError(404, f"no key {key_id} on this account (GET /api/v1/account/keys lists them)",
                            code="key_not_found")
-    digest, prefix, revoked = found
-    await key_changed(request.app, digest)
-    return json_response({"id": key_id, "prefix": prefix, "revoked": revoked})
+    if not found.revoked:
+        await store.keys.revoke(key_id)
+        await key_changed(request.app)            # every process drops what it cached
+        found = await _own_key(store, p.account_id, key_id)
+    return json_response({"id": key_id, "prefix": found.prefix, "revoked": found.revoked_at})
 
 
 @hookimpl

@@ -11,39 +11,29 @@ import orjson
 import config as config_mod
 from config import usd
 
-from . import acall_all, hookimpl, ledger
+from . import acall_all, hookimpl
 from .appstate import PM, STORE
 from .auth import authenticate_request, display_prefix, hash_key, new_key
 from .errors import GatewayError, bad_request
 from .formats.base import json_response
-from .store import Store, collect_migrations, now
+from .storage import Storage, collect_migrations, open_storage
 
 
 # ---- operations ------------------------------------------------------------------
 
-def _create(conn, name: str | None, credits: int) -> tuple[int, str]:
-    key = new_key()
-    account_id = conn.execute("INSERT INTO accounts (name, balance_micro, created_at) VALUES (?, 0, ?)",
-                              (name, now())).lastrowid
-    conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) VALUES (?,?,?,?,?)",
-                 (account_id, hash_key(key), display_prefix(key), name, now()))
-    if credits:
-        ledger._credit(conn, account_id, credits, "grant", "cli")
-    return account_id, key
-
-
-async def create_account(store: Store, name: str | None = None, credits_micro: int = 0) -> tuple[int, str]:
+async def create_account(store: Storage, name: str | None = None, credits_micro: int = 0) -> tuple[int, str]:
     """A new account with one key (returned once, never stored) and optional credits."""
-    return await store.transaction(_create, name, credits_micro)
+    key = new_key()
+    return await store.keys.create_account(name, hash_key(key), display_prefix(key), credits_micro), key
 
 
-async def account_for_key(store: Store, key: str) -> int | None:
+async def account_for_key(store: Storage, key: str) -> int | None:
     """The account of a full key, or of a unique display prefix."""
-    row = await store.fetchone("SELECT account_id FROM api_keys WHERE hash = ?", (hash_key(key),))
-    if row is None and len(key) >= 8:
-        rows = await store.fetchall("SELECT DISTINCT account_id FROM api_keys WHERE prefix LIKE ?", (key + "%",))
-        row = rows[0] if len(rows) == 1 else None
-    return row[0] if row else None
+    found = await store.keys.get(hash_key(key))
+    if found is None and len(key) >= 8:
+        accounts = {k.account_id for k in await store.keys.with_prefix(key)}
+        return accounts.pop() if len(accounts) == 1 else None
+    return found.account_id if found else None
 
 
 def parse_usd(text: str) -> int:
@@ -71,7 +61,7 @@ async def require_principal(request):
 async def get_account(request):
     p = await require_principal(request)
     body = {"account_id": p.account_id,
-            "balance_usd": usd(await ledger.balance(request.app[STORE], p.account_id)),
+            "balance_usd": usd(await request.app[STORE].ledger.balance(p.account_id)),
             "free_allowance_left_usd": 0.0,
             "key": {"prefix": p.key_prefix, "agent": p.agent_id}}
     for extra in await acall_all(request.app[PM].hook.gateway_account_info, app=request.app, principal=p):
@@ -85,15 +75,12 @@ async def get_usage(request):
         limit = min(max(int(request.query.get("limit", "50")), 1), 500)
     except ValueError:
         raise bad_request("limit must be a whole number from 1 to 500", param="limit") from None
-    rows = await request.app[STORE].fetchall(
-        "SELECT call_id, endpoint, requested_model, model, input_tokens, output_tokens, usd_micro, status, "
-        "outcome, latency_ms, billing, created_at FROM usage WHERE account_id = ? ORDER BY id DESC LIMIT ?",
-        (p.account_id, limit))
+    rows = await request.app[STORE].usage.recent(p.account_id, limit)
     return json_response({"object": "list", "data": [{
-        "call_id": r["call_id"], "endpoint": r["endpoint"], "requested_model": r["requested_model"],
-        "model": r["model"], "input_tokens_billed": r["input_tokens"], "output_tokens_billed": r["output_tokens"],
-        "usd": usd(r["usd_micro"]), "status": r["status"], "outcome": r["outcome"], "latency_ms": r["latency_ms"],
-        "billing": orjson.loads(r["billing"]) if r["billing"] else None, "created": r["created_at"]} for r in rows]})
+        "call_id": r.call_id, "endpoint": r.endpoint, "requested_model": r.requested_model, "model": r.model,
+        "input_tokens_billed": r.input_tokens, "output_tokens_billed": r.output_tokens, "usd": usd(r.usd_micro),
+        "status": r.status, "outcome": r.outcome, "latency_ms": r.latency_ms,
+        "billing": orjson.loads(r.billing) if r.billing else None, "created": r.created_at} for r in rows]})
 
 
 @hookimpl
@@ -114,7 +101,7 @@ def _with_store(args, work):
 
     async def go():
         pm = get_plugin_manager(cfg.plugins, getattr(args, "plugins_dir", None))
-        store = await Store.open(cfg.storage_path, collect_migrations(pm))
+        store = await open_storage(cfg.storage_url, collect_migrations(pm))
         try:
             return await work(store)
         finally:
@@ -149,7 +136,7 @@ def cmd_credits_grant(args) -> int:
         if account_id is None:
             print("gateway: no account has that key (give the whole key or a unique prefix)", file=sys.stderr)
             return 1
-        balance = await ledger.credit(store, account_id, amount, "grant", "cli")
+        balance = await store.ledger.credit(account_id, amount, "grant", "cli")
         print(f"account {account_id}: granted ${usd(amount):.6f}; balance ${usd(balance):.6f}")
         return 0
     return _with_store(args, work)

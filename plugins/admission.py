@@ -15,7 +15,7 @@ SMART = "svc/smart"
 
 @hookimpl(tryfirst=True)
 def gateway_admit(ctx: CallContext):
-    fmt = ctx.state["format"]
+    fmt = ctx.format
     if fmt.key_required and not ctx.has_key:
         raise GatewayError(401, f"{fmt.path} needs an API key: send Authorization: Bearer chk_... "
                                 "or x-api-key: chk_...", code="missing_api_key")

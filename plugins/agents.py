@@ -15,35 +15,6 @@ from .accounts import require_principal
 from .auth import credential, hash_key, key_changed
 from .errors import bad_request
 from .formats.base import json_response, read_json
-from .store import now
-
-SCHEMA = """
-CREATE TABLE agents (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    name TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    UNIQUE (account_id, name)
-);
-"""
-
-
-@hookimpl
-def gateway_register_migrations(register):
-    register("0220_agents", SCHEMA)
-
-
-def _register(conn, account_id: int, key_id: int, name: str):
-    row = conn.execute("SELECT id FROM agents WHERE account_id = ? AND name = ?", (account_id, name)).fetchone()
-    created = row is None
-    agent_id = conn.execute("INSERT INTO agents (account_id, name, created_at) VALUES (?,?,?)",
-                            (account_id, name, now())).lastrowid if created else row[0]
-    current = conn.execute("SELECT agent_id FROM api_keys WHERE id = ?", (key_id,)).fetchone()[0]
-    if current is None:
-        conn.execute("UPDATE api_keys SET agent_id = ? WHERE id = ?", (agent_id, key_id))
-        current = agent_id
-    return agent_id, created, current == agent_id
-
 
 async def register_agent(request: web.Request) -> web.Response:
     principal = await require_principal(request)
@@ -54,8 +25,8 @@ async def register_agent(request: web.Request) -> web.Response:
     name = name.strip()
     if len(name) > 60:
         raise bad_request(f"name: at most 60 characters, got {len(name)}", param="name")
-    agent_id, created, attached = await request.app[STORE].transaction(
-        _register, principal.account_id, principal.key_id, name)
+    done = await request.app[STORE].agents.register(principal.account_id, principal.key_id, name)
+    agent_id, created, attached = done.agent_id, done.created, done.attached
     await key_changed(request.app, hash_key(credential(request)))     # cached principals carry the old agent
     note = ("key attached: usage on this key shows under the agent" if attached else
             "this key already belongs to another agent and stays with it")

@@ -26,6 +26,7 @@ from .context import CallContext
 from .errors import bad_request
 from .pricing import token_cost
 from .routing import route_to
+from .storage import FreeAsk
 
 FREE = web.AppKey("free", object)
 CLOCK = web.AppKey("clock", object)      # tests replace it to cross day boundaries
@@ -39,14 +40,6 @@ class FreeSettings:
     frontier: set[str] = field(default_factory=set)
     output_cap: int = 0
     featured: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class FreeAsk:
-    """What a reserve asks of the allowance: up to `want` micro-USD on `day`."""
-    day: str
-    want: int
-    daily: int
 
 
 def now(app) -> float:
@@ -97,9 +90,7 @@ def ask(ctx: CallContext, input_tokens: int, output_cap: int) -> FreeAsk | None:
 
 
 async def left(app, account_id: int) -> int:
-    row = await app[STORE].fetchone("SELECT used_micro FROM free_usage WHERE account_id = ? AND day = ?",
-                                    (account_id, today(app)))
-    return max(0, app[FREE].daily_micro - (row[0] if row else 0))
+    return max(0, app[FREE].daily_micro - await app[STORE].allowance.used(account_id, today(app)))
 
 
 @hookimpl

@@ -9,11 +9,11 @@ from aiohttp import web
 
 import config as config_mod
 
-from .store import Store
+from .storage import Storage
 
 CONFIG = web.AppKey("config", config_mod.Config)
 PM = web.AppKey("pm", object)
-STORE = web.AppKey("store", Store)
+STORE = web.AppKey("store", Storage)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 PROVIDERS = web.AppKey("providers", dict)
 PROVIDER_TYPES = web.AppKey("provider_types", dict)

@@ -43,12 +43,10 @@ def credential(request) -> str | None:
 
 
 async def _load(store, digest: str) -> Principal | None:
-    row = await store.fetchone("SELECT id, account_id, prefix, agent_id FROM api_keys "
-                               "WHERE hash = ? AND revoked_at IS NULL", (digest,))
-    if row is None:
+    found = await store.keys.get(digest)
+    if found is None or found.revoked:
         return None
-    return Principal(account_id=row["account_id"], key_id=row["id"], key_prefix=row["prefix"],
-                     agent_id=row["agent_id"])
+    return Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix, agent_id=found.agent_id)
 
 
 async def principal_for(app, key: str) -> Principal | None:

@@ -7,15 +7,16 @@ never more than the hold, and refunds the rest exactly once. Failed calls are fr
 """
 from __future__ import annotations
 
-from config import usd
-
 import asyncio
 
-from . import allowance, hookimpl, ledger, usage
+from config import usd
+
+from . import allowance, hookimpl, usage
 from .appstate import STORE, spawn
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
 from .pricing import billed_output
+from .storage import HoldRequest, Settlement, split_charge
 
 
 @hookimpl
@@ -23,25 +24,29 @@ async def gateway_reserve(ctx: CallContext):
     if ctx.principal is None:
         return None
     amount, tokens_in, cap = ctx.pricer.reserve(ctx)
-    store = ctx.request.app[STORE]
-    free = allowance.ask(ctx, tokens_in, cap)
-    pending = asyncio.ensure_future(ledger.reserve(store, ctx.principal.account_id, amount, ctx.call_id, free))
+    ledger = ctx.request.app[STORE].ledger
+    p, route = ctx.principal, ctx.route
+    request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), key_id=p.key_id,
+                          agent_id=p.agent_id, endpoint=ctx.endpoint,
+                          requested_model=route.requested_model if route else ctx.model_id,
+                          model=route.model.id if route else None)
+    pending = asyncio.ensure_future(ledger.reserve(request))
     try:
-        taken = await asyncio.shield(pending)
+        reserved = await asyncio.shield(pending)
     except asyncio.CancelledError:      # the client left while the hold was being made: undo it
-        spawn(ctx.request.app, _undo(pending, store, ctx.call_id))
+        spawn(ctx.request.app, _undo(pending, ledger, ctx.call_id))
         raise
-    if taken is None:
-        have = await ledger.balance(store, ctx.principal.account_id)
+    if reserved is None:
+        have = await ledger.balance(p.account_id)
         raise GatewayError(402, f"balance ${usd(have):.6f} does not cover {ctx.pricer.shortfall(ctx, amount)}; "
                                 "lower the request or add credits", code="insufficient_credits")
     return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
-                data={"free": taken})
+                data={"free": reserved.free_micro, "reserved": reserved})
 
 
-async def _undo(pending: asyncio.Future, store, call_id: str) -> None:
+async def _undo(pending: asyncio.Future, ledger, call_id: str) -> None:
     if await pending is not None:
-        await ledger.settle(store, call_id, 0)
+        await ledger.release(call_id)
 
 
 def charge_for(ctx: CallContext) -> tuple[int, int]:
@@ -58,34 +63,30 @@ def pricing_output(ctx: CallContext) -> int:
     return billed_output(ctx)
 
 
+def note_for(ctx: CallContext, charged: int, free_use: int) -> str:
+    if ctx.outcome not in (OK, CLIENT_GONE):
+        return "call failed: not charged"
+    if free_use:
+        return ("free: covered by the daily allowance" if charged == 0 else
+                f"partly free: ${usd(free_use):.6f} from the daily allowance, the rest from credits")
+    return "charged from prepaid credits" if ctx.outcome != CLIENT_GONE else \
+        "client disconnected: charged for the output relayed"
+
+
 @hookimpl
 async def gateway_settle(ctx: CallContext):
+    """Price the call, split it between credits and the allowance, render its billing
+    block and usage row, then apply all of it in one transaction."""
     hold = ctx.hold
     if hold is None or hold.kind != "credits" or hold.settled:
         return
+    reserved = hold.data["reserved"]
     charge, cost = charge_for(ctx)
-    eligible = allowance.eligible(ctx, hold.input_tokens, pricing_output(ctx)) if hold.data.get("free") else 0
-
-    def bill(conn, charged: int, free_use: int) -> None:
-        """On the store's thread, inside the settle: the billing block and the usage row."""
-        ctx.charge_micro = charged
-        note = "charged from prepaid credits" if ctx.outcome != CLIENT_GONE else \
-            "client disconnected: charged for the output relayed"
-        if free_use:
-            note = ("free: covered by the daily allowance" if charged == 0 else
-                    f"partly free: ${usd(free_use):.6f} from the daily allowance, the rest from credits")
-        if ctx.outcome not in (OK, CLIENT_GONE):
-            note = "call failed: not charged"
-        ctx.billing = ctx.pricer.billing(ctx, charged, cost, note)
-        usage.write(conn, ctx)
-
-    await ledger.settle(ctx.request.app[STORE], hold.call_id, charge, eligible, bill)
+    eligible = allowance.eligible(ctx, hold.input_tokens, pricing_output(ctx)) if reserved.free_micro else 0
+    charged, free_use = split_charge(reserved, charge, eligible)
+    ctx.charge_micro = charged
+    ctx.billing = ctx.pricer.billing(ctx, charged, cost, note_for(ctx, charged, free_use))
+    row = usage.row(ctx)
+    await ctx.request.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, row))
+    usage.mark_written(ctx)
     hold.settled = True
-
-
-@hookimpl(trylast=True)
-async def gateway_startup(app):
-    released = await ledger.release_open_holds(app[STORE])
-    if released:
-        import structlog
-        structlog.get_logger("billing").warning("released_stale_holds", count=released)

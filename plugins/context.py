@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from config import ChatModel
     from providers.base import Provider
 
+    from .formats.base import ClientFormat
+
 
 _ID_PREFIX = secrets.token_hex(6)
 _ID_COUNTER = itertools.count(1)
@@ -70,11 +72,16 @@ FAILED = "failed"                # 4xx / 422 / 502: never charged
 
 @dataclass(slots=True)
 class CallContext:
+    """One call's state, as typed fields: every stage reads and writes these, so what a
+    stage depends on is visible here rather than hidden in string keys."""
     request: "web.Request"
-    endpoint: str                      # "chat.completions", "messages", ...
+    format: "ClientFormat"             # the endpoint's wire format (chat A/B/C, or a media endpoint)
     call_id: str
     chat: ChatRequest | None = None
-    media: Any = None                  # a media request (images, videos)
+    media: Any = None                  # a media job (images, videos), once routed
+    media_fields: Any = None           # the parsed media request fields (plugins.media.requests)
+    prompt: str = ""                   # the media prompt (what moderation reads for media)
+    input_images: int = 0              # images in a chat input (priced at a flat estimate)
     pricer: Any = None                 # prices this call (plugins.pricing.ChatPricer, media's)
     model_id: str = ""                 # the model the client asked for
     streaming: bool = False
@@ -86,12 +93,22 @@ class CallContext:
     status: int = 0
     usage: Usage | None = None         # what the upstream reported (None if it never did)
     output_chars: int = 0              # produced so far, for estimates when usage is missing
+    media_files: list | None = None    # media results produced (images are charged per file)
     charge_micro: int = 0
     billing: dict[str, Any] = field(default_factory=dict)   # the billing block
     response_headers: dict[str, str] = field(default_factory=dict)  # e.g. x402 settlement
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
-    state: dict[str, Any] = field(default_factory=dict)      # free space for plugins
+    created_at: int = field(default_factory=lambda: int(time.time()))   # Unix time, for response bodies
+    rate_taken: Any = None             # rate-limit tokens to give back once usage is known
+    usage_written: bool = False        # the usage row was written (with the settlement)
+    finish_task: Any = None            # the one settle-and-record task (plugins.pipeline.finish)
+    state: dict[str, Any] = field(default_factory=dict)      # free space for third-party plugins
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint's short name recorded with usage ("chat.completions", "images.generations", ...)."""
+        return self.format.endpoint
 
     @property
     def has_key(self) -> bool:

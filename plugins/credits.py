@@ -12,35 +12,18 @@ from aiohttp import web
 
 from config import usd
 
-from . import hookimpl, ledger
+from . import hookimpl
 from .appstate import HTTP, STORE
 from .auth import authenticate_request
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
-from .store import now
+from .storage import CreditPurchase
 from .x402 import PAYWALL
 from .x402.paywall import new_ref
 from .x402.settings import load_credits
 
 CREDITS = web.AppKey("credit_settings", object)
 MICRO = 1_000_000
-
-SCHEMA = """
-CREATE TABLE credit_orders (
-    id TEXT PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    usd_micro INTEGER NOT NULL,
-    bonus_micro INTEGER NOT NULL,
-    claim_key TEXT NOT NULL UNIQUE,     -- the payment: one order per payment, ever
-    tx TEXT,
-    created_at INTEGER NOT NULL
-);
-"""
-
-
-@hookimpl
-def gateway_register_migrations(register):
-    register("0210_credit_orders", SCHEMA)
 
 
 @hookimpl
@@ -66,17 +49,6 @@ def _amount(body, settings) -> int:
     return micro
 
 
-def _credit(conn, order_id, account_id, amount, settings, claim_key, tx):
-    first = conn.execute("SELECT COUNT(*) FROM credit_orders WHERE account_id = ?", (account_id,)).fetchone()[0] == 0
-    bonus = settings.bonus(amount, first)
-    conn.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, created_at) "
-                 "VALUES (?,?,?,?,?,?,?)", (order_id, account_id, amount, bonus, claim_key, tx, now()))
-    balance = ledger._credit(conn, account_id, amount, "purchase", order_id)
-    if bonus:
-        balance = ledger._credit(conn, account_id, bonus, "bonus", order_id)
-    return bonus, balance
-
-
 async def purchase(request: web.Request) -> web.Response:
     principal = await authenticate_request(request)
     if principal is None:
@@ -96,8 +68,9 @@ async def purchase(request: web.Request) -> web.Response:
         err = GatewayError(402, f"the payment did not settle ({result.get('errorReason')}); nothing was credited",
                            code="settlement_failed", headers=accepted.headers)
         raise err
-    bonus, balance = await app[STORE].transaction(_credit, order_id, principal.account_id, amount, settings,
-                                                  accepted.claim_key, result.get("transaction"))
+    bonus, balance = await app[STORE].ledger.purchase(CreditPurchase(
+        order_id, principal.account_id, amount, accepted.claim_key, result.get("transaction"),
+        bonus_first_micro=settings.bonus(amount, True), bonus_micro=settings.bonus(amount, False)))
     return json_response({"order_id": order_id, "status": "confirmed", "credited_usd": usd(amount),
                           "bonus_usd": usd(bonus), "balance_usd": usd(balance), "tx": result.get("transaction")},
                          headers=accepted.headers)

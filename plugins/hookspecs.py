@@ -62,8 +62,10 @@ def gateway_configure(app, config):
 
 @hookspec
 def gateway_register_migrations(register):
-    """Startup. Call `register(name, sql)` for each schema step this plugin needs; names
-    sort into order (e.g. "billing_0001_holds") and each runs once per database."""
+    """Startup. Call `register(name, sql)` for each schema step this plugin's own tables
+    need; names sort into order (e.g. "5000_notes") and each runs once per database. `sql`
+    is one string for every engine, or {"sqlite": ..., "postgresql": ...} where they differ.
+    The built-in tables are the storage backends' own (plugins.storage)."""
 
 
 @hookspec

@@ -67,7 +67,7 @@ def texts(ctx: CallContext) -> str:
     """What the caller wrote: every message's text, or the media prompt."""
     if ctx.chat is not None:
         return "\n".join(m.text() for m in ctx.chat.messages)
-    return ctx.state.get("prompt", "")
+    return ctx.prompt
 
 
 def flagged(category: str, how: str) -> GatewayError:

@@ -1,7 +1,11 @@
-"""The stages every paid endpoint shares, awaited in order: authenticate, admit,
-moderate, route, reserve; and `finish`, which settles and records a call exactly once in
-a tracked task that survives a cancelled handler. Chat (gateway.py) and media endpoints
-both run their calls through here."""
+"""The one skeleton every paid call runs through, chat and media alike:
+
+    prepare (parse the body) -> authenticate -> admit -> moderate -> route -> reserve
+    -> serve (the upstream work and the response) -> settle -> record usage
+
+`run_call` owns the order, error rendering and settlement; an endpoint supplies only how to
+prepare its call and how to serve it. `finish` settles and records a call exactly once, in
+a tracked task that survives a cancelled handler."""
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +14,36 @@ import time
 
 import structlog
 
-from . import acall_all, acall_first
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from . import acall_all, acall_first, around
 from .appstate import PM, spawn
-from .context import OK, CallContext
+from .context import OK, CallContext, new_id
 from .errors import GatewayError, bad_request
+from .formats.base import ClientFormat, read_json
 
 log = structlog.get_logger("gateway")
+
+Prepare = Callable[[CallContext, Any], None]
+Serve = Callable[[CallContext], Awaitable[web.StreamResponse]]
+
+
+async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, serve: Serve) -> web.StreamResponse:
+    """Run one call: `prepare(ctx, body)` fills the call from the request body, then the
+    stages run, then `serve(ctx)` does the upstream work and answers. Any refusal or
+    failure becomes the format's own error shape; settlement happens exactly once."""
+    ctx = CallContext(request=request, format=fmt, call_id=new_id())
+    try:
+        prepare(ctx, await read_json(request))
+        async with around(request.app[PM], ctx):
+            await run_stages(ctx)
+            async with upstream_call(ctx):
+                return await serve(ctx)
+    except GatewayError as err:
+        log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
+        return fmt.error_response(err)
 
 
 async def run_stages(ctx: CallContext) -> None:
@@ -53,10 +81,9 @@ async def succeeded(ctx: CallContext) -> None:
 
 async def finish(ctx: CallContext) -> None:
     """Settle and record once, in a tracked task that survives a cancelled handler."""
-    task = ctx.state.get("finish")
-    if task is None:
-        task = ctx.state["finish"] = spawn(ctx.request.app, _settle_and_record(ctx))
-    await asyncio.shield(task)
+    if ctx.finish_task is None:
+        ctx.finish_task = spawn(ctx.request.app, _settle_and_record(ctx))
+    await asyncio.shield(ctx.finish_task)
 
 
 async def _settle_and_record(ctx: CallContext) -> None:

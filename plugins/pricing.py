@@ -27,7 +27,7 @@ def token_cost(model: ChatModel, input_tokens: int, output_tokens: int, *, list_
 
 def input_estimate(ctx: CallContext) -> int:
     """The service's estimate of input tokens: ~4 characters a token, images at a flat rate."""
-    return estimate_tokens(ctx.input_chars + ctx.state.get("input_images", 0) * IMAGE_ESTIMATE_CHARS)
+    return estimate_tokens(ctx.input_chars + ctx.input_images * IMAGE_ESTIMATE_CHARS)
 
 
 def quote(ctx: CallContext) -> tuple[int, int, int]:

@@ -1,152 +1,31 @@
-"""Rate limits (429): token buckets per API key, and per client address for keyless calls.
+"""Rate limits (429) per API key, and per client address for keyless calls.
 
-`limits.per_key` / `limits.per_address` take `rpm` (requests a minute) and `tpm` (tokens a
-minute: the call's input estimate plus its output cap, given back once the real output
-is known). A bucket holds a minute's worth and refills continuously.
+`limits.per_key` / `limits.per_address` take `rpm` and `tpm`:
+- `rpm`: at most that many requests in any 60 seconds (a sliding window, so a burst of
+  200 calls against `rpm: 50` admits exactly 50, however long the burst takes);
+- `tpm`: a token bucket holding a minute's worth and refilling continuously; a call takes
+  its input estimate plus its output cap and gets back what it did not use.
 
-Admission checks and takes every bucket of a call at once, all or nothing, so concurrent
-calls can never overshoot and a refused call takes nothing. The buckets live in a
-`LimitStore`: in process (`MemoryLimits`) by default, or in Redis (`RedisLimits`, one Lua
-script per admission: one round trip, atomic across every gateway process) when the config
-has `redis:`.
+Admission checks and takes both at once, all or nothing, so concurrent calls can never
+overshoot and a refused call takes nothing. Where they live is a `LimitStore`
+(plugins/limitstores.py): in process by default, or in Redis with `redis:` (one Lua script
+per admission: one round trip, atomic across every gateway process).
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Protocol
 
-import structlog
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError
+from .limitstores import Bucket, LimitStore, MemoryLimits, RedisLimits
 from .pricing import input_estimate
 from .redis_link import REDIS
 
 LIMITS = web.AppKey("limits", object)
-log = structlog.get_logger("ratelimit")
-
-
-@dataclass(slots=True)
-class Bucket:
-    key: str
-    cost: float
-    capacity: float          # per minute
-
-
-@dataclass(slots=True)
-class Admission:
-    refused: int | None      # index of the first bucket that could not pay, or None: all taken
-    left: list[float]        # per bucket up to the refused one: what is left after taking
-    wait: float = 0.0        # seconds until the refused bucket could pay
-
-
-class LimitStore(Protocol):
-    async def take(self, buckets: list[Bucket]) -> Admission:
-        """Take each bucket's cost, all or nothing."""
-
-    async def give_back(self, bucket: Bucket) -> None:
-        """Return `bucket.cost` unused tokens (never above capacity)."""
-
-
-class MemoryLimits:
-    """One process's buckets. No await between check and take: atomic on the event loop."""
-
-    def __init__(self, clock=time.monotonic):
-        self.buckets: dict[str, tuple[float, float]] = {}    # key -> (tokens, updated)
-        self.clock = clock
-
-    def _level(self, b: Bucket, now: float) -> float:
-        tokens, updated = self.buckets.get(b.key, (b.capacity, now))
-        return min(b.capacity, tokens + (now - updated) * b.capacity / 60.0)
-
-    async def take(self, buckets):
-        now = self.clock()
-        levels = [self._level(b, now) for b in buckets]
-        for i, (b, level) in enumerate(zip(buckets, levels)):
-            if level < b.cost:
-                return Admission(i, levels[:i + 1], (b.cost - level) * 60.0 / b.capacity)
-        for b, level in zip(buckets, levels):
-            self.buckets[b.key] = (level - b.cost, now)
-        return Admission(None, [level - b.cost for b, level in zip(buckets, levels)])
-
-    async def give_back(self, bucket):
-        now = self.clock()
-        self.buckets[bucket.key] = (min(bucket.capacity, self._level(bucket, now) + bucket.cost), now)
-
-
-# KEYS: the buckets; ARGV: cost, capacity per bucket. Redis's own clock, so every process
-# agrees on time. A bucket untouched for a minute is full again, so its key may expire.
-_LEVELS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function level(i)
-  local cap = tonumber(ARGV[2 * i])
-  local b = redis.call('HMGET', KEYS[i], 'tokens', 'at')
-  if not b[1] then return cap end
-  return math.min(cap, tonumber(b[1]) + (now - tonumber(b[2])) * cap / 60)
-end
-local function put(i, tokens)
-  redis.call('HSET', KEYS[i], 'tokens', string.format('%.6f', tokens), 'at', string.format('%.6f', now))
-  redis.call('PEXPIRE', KEYS[i], 61000)
-end
-"""
-TAKE_SCRIPT = _LEVELS + """
-local levels = {}
-for i = 1, #KEYS do
-  local cost, cap = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  levels[i] = level(i)
-  if levels[i] < cost then
-    local out = {tostring(i)}
-    for j = 1, i do out[#out + 1] = string.format('%.6f', levels[j]) end
-    out[#out + 1] = string.format('%.6f', (cost - levels[i]) * 60 / cap)
-    return out
-  end
-end
-local out = {'0'}
-for i = 1, #KEYS do
-  put(i, levels[i] - tonumber(ARGV[2 * i - 1]))
-  out[#out + 1] = string.format('%.6f', levels[i] - tonumber(ARGV[2 * i - 1]))
-end
-return out
-"""
-GIVE_BACK_SCRIPT = _LEVELS + """
-put(1, math.min(tonumber(ARGV[2]), level(1) + tonumber(ARGV[1])))
-return 1
-"""
-
-
-class RedisLimits:
-    """Buckets shared by every process, as Redis hashes `gw:rl:{who}:rpm|tpm`. The braces
-    keep one caller's buckets in one Redis Cluster slot, so one script can take them all."""
-
-    def __init__(self, client):
-        self._take = client.register_script(TAKE_SCRIPT)
-        self._give_back = client.register_script(GIVE_BACK_SCRIPT)
-
-    async def take(self, buckets):
-        args = [x for b in buckets for x in (b.cost, b.capacity)]
-        try:
-            out = [float(v) for v in await self._take(keys=[b.key for b in buckets], args=args)]
-        except (RedisError, OSError) as exc:
-            log.error("rate_limit_store_unreachable", error=str(exc))
-            raise GatewayError(503, "rate limits cannot be checked right now (the shared store is unreachable); "
-                                    "retry shortly", type="api_error", code="rate_limit_store_unavailable",
-                               headers={"Retry-After": "1"}) from None
-        refused = int(out[0])
-        if refused == 0:
-            return Admission(None, out[1:])
-        return Admission(refused - 1, out[1:-1], out[-1])
-
-    async def give_back(self, bucket):
-        try:
-            await self._give_back(keys=[bucket.key], args=[bucket.cost, bucket.capacity])
-        except (RedisError, OSError) as exc:      # the bucket refills on its own within a minute
-            log.warning("rate_limit_give_back_failed", error=str(exc))
 
 
 @dataclass
@@ -191,7 +70,7 @@ async def gateway_admit(ctx: CallContext):
     tokens = _tokens(ctx)
     buckets = []
     if rpm:
-        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm)))
+        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm), window=True))
     if tpm and tokens:
         buckets.append(Bucket(f"{who}:tpm", tokens, float(tpm)))
     if not buckets:
@@ -205,7 +84,7 @@ async def gateway_admit(ctx: CallContext):
         left = got.left[0]
         ctx.response_headers.update(_headers(rpm, left, 60.0 * (rpm - left) / rpm))
     if tpm and tokens:
-        ctx.state["tpm_taken"] = buckets[-1]
+        ctx.rate_taken = buckets[-1]
 
 
 def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) -> GatewayError:
@@ -219,7 +98,8 @@ def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) ->
 @hookimpl
 async def gateway_record_usage(ctx: CallContext):
     """Give back the tokens a call reserved but did not use."""
-    taken: Bucket | None = ctx.state.pop("tpm_taken", None)
+    taken: Bucket | None
+    taken, ctx.rate_taken = ctx.rate_taken, None
     if taken is None:
         return
     used = 0

@@ -176,7 +176,7 @@ def request_text(chat: ChatRequest) -> str:
 
 @hookimpl(tryfirst=True)
 async def gateway_select_route(ctx: CallContext):
-    if ctx.model_id != SMART or not ctx.state["format"].allows_smart:
+    if ctx.model_id != SMART or not ctx.format.allows_smart:
         return None
     settings: RouterSettings = ctx.request.app[ROUTER]
     if ctx.chat is None:
@@ -192,8 +192,8 @@ async def gateway_select_route(ctx: CallContext):
 
 def _media_route(ctx: CallContext, settings: RouterSettings):
     from .media import MEDIA, media_route
-    endpoint = ctx.state["format"]
-    f = ctx.state["media_fields"]
+    endpoint = ctx.format
+    f = ctx.media_fields
     body = f.body
     for refused in ("resolution", "video_url"):
         if body.get(refused) is not None:

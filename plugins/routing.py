@@ -31,6 +31,5 @@ def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> R
 def gateway_select_route(ctx: CallContext):
     if ctx.chat is None:
         return None
-    fmt = ctx.state["format"]
-    resolved = fmt.resolve_model(ctx.chat.model, ctx.request.app[CONFIG])
+    resolved = ctx.format.resolve_model(ctx.chat.model, ctx.request.app[CONFIG])
     return route_to(ctx, resolved, requested=ctx.chat.model)

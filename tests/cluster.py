@@ -33,10 +33,11 @@ MODELS = [
 
 
 class Cluster:
-    def __init__(self, folder: Path, *, redis_url: str | None, mode: str, count: int = 4, extra: dict | None = None):
+    def __init__(self, folder: Path, *, redis_url: str | None, mode: str, count: int = 4, extra: dict | None = None,
+                 lease_seconds: int = 30):
         self.folder, self.mode, self.count = folder, mode, count
         self.db = folder / "gateway.db"
-        config = {"storage": f"sqlite:///{self.db}",
+        config = {"storage": f"sqlite:///{self.db}?lease_seconds={lease_seconds}",
                   "providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.05}},
                   "models": {"chat": MODELS}, **({"redis": redis_url} if redis_url else {}), **(extra or {})}
         self.config = folder / "gateway.yaml"
@@ -153,3 +154,28 @@ class Cluster:
 
     def kill9(self, pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
+        for i, proc in enumerate(self.procs):
+            if proc is not None and proc.pid == pid:
+                proc.wait()
+                self.procs[i] = None
+
+    async def restart(self, pid: int) -> None:
+        """Start again the process `pid` was (in workers mode the supervisor does it)."""
+        if self.mode == "workers":
+            deadline = time.monotonic() + 30
+            while len(self.serving_pids()) < self.count:
+                assert time.monotonic() < deadline, self.logs()
+                await asyncio.sleep(0.05)
+            return
+        slot = self.procs.index(None)
+        self.procs[slot] = self._spawn(self.ports[slot])
+        await self.ready(self.ports[slot])
+
+    def open_holds_by_pid(self) -> dict[int, list[str]]:
+        """Open holds (call ids) by the pid of the process that owns them (owner: host:pid:random)."""
+        with sqlite3.connect(self.db) as db:
+            rows = db.execute("SELECT owner, call_id FROM holds WHERE status = 'open'").fetchall()
+        out: dict[int, list[str]] = {}
+        for owner, call_id in rows:
+            out.setdefault(int(owner.split(":")[-2]), []).append(call_id)
+        return out

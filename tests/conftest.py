@@ -13,7 +13,6 @@ import yaml
 
 import config as config_mod
 from gateway import create_app
-from plugins import ledger
 from plugins.accounts import create_account
 from plugins.appstate import STORE
 from tests.fakes import FakeAnthropic, FakeOpenAIChat
@@ -73,10 +72,10 @@ class Gateway:
         return key, account_id
 
     async def balance(self, account_id: int) -> int:
-        return await ledger.balance(self.store, account_id)
+        return await self.store.ledger.balance(account_id)
 
     async def ledger_sum(self, account_id: int) -> int:
-        return await ledger.ledger_sum(self.store, account_id)
+        return await self.store.ledger.entries_sum(account_id)
 
     def openai(self, key: str | None = "none", **kw) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/api/v1", api_key=key, max_retries=0, **kw)

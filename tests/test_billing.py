@@ -1,15 +1,16 @@
 """Money paths, to the micro-USD: reserve, settle, refund, no charge on failure,
 concurrent spending from one key, a client that leaves mid-stream, crash recovery."""
 import asyncio
+import time
 
 import aiohttp
 import openai
 import pytest
 
 from gateway import create_app
-from plugins import ledger
 from plugins.accounts import create_account
 from plugins.appstate import STORE
+from plugins.storage import HoldRequest, Settlement
 from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
 
@@ -41,7 +42,7 @@ async def test_reserve_settle_refund_exact(start_gateway, fake_openai):
 async def test_short_balance_is_402_and_nothing_changes(start_gateway, fake_openai):
     gw = await start_gateway(openai_upstream(fake_openai))
     key, account = await gw.key(0)
-    await ledger.credit(gw.store, account, cost(1, 100) - 1)
+    await gw.store.ledger.credit(account, cost(1, 100) - 1)
     with pytest.raises(openai.APIStatusError) as info:
         await gw.openai(key).chat.completions.create(model="up/gpt", max_tokens=100, messages=HI)
     assert info.value.status_code == 402
@@ -49,7 +50,7 @@ async def test_short_balance_is_402_and_nothing_changes(start_gateway, fake_open
     assert fake_openai.requests == []
     assert await gw.balance(account) == cost(1, 100) - 1 == await gw.ledger_sum(account)
     # ...and exactly enough is enough.
-    await ledger.credit(gw.store, account, 1)
+    await gw.store.ledger.credit(account, 1)
     fake_openai.enqueue(Reply(output_tokens=100))
     await gw.openai(key).chat.completions.create(model="up/gpt", max_tokens=100, messages=HI)
     assert await gw.balance(account) == 0 == await gw.ledger_sum(account)
@@ -69,7 +70,7 @@ async def test_concurrent_spending_never_overdraws(start_gateway, fake_openai):
     gw = await start_gateway(openai_upstream(fake_openai))
     reserve = cost(1, 100)
     key, account = await gw.key(0)
-    await ledger.credit(gw.store, account, 10 * reserve)
+    await gw.store.ledger.credit(account, 10 * reserve)
     fake_openai.enqueue(*[Reply(output_tokens=100) for _ in range(100)])   # each charge == its reserve
     client = gw.openai(key)
 
@@ -121,25 +122,32 @@ async def test_client_disconnect_mid_stream_charges_what_was_relayed(start_gatew
     assert await gw.balance(account) == MICRO - row["usd_micro"] == await gw.ledger_sum(account)
 
 
-async def test_holds_left_by_a_crash_are_released_at_start(write_config, aiohttp_server):
+async def test_a_restart_leaves_other_processes_holds_alone_until_their_lease_expires(write_config,
+                                                                                       aiohttp_server):
     cfg = write_config()
     first = await aiohttp_server(create_app(cfg))
     store = first.app[STORE]
     account, _ = await create_account(store, "crash", 5 * MICRO)
-    assert await ledger.reserve(store, account, 2 * MICRO, "call-in-flight") == 0
-    await first.close()                               # the process "dies" with the hold open
-    second = await aiohttp_server(create_app(cfg))
+    assert await store.ledger.reserve(HoldRequest("call-in-flight", account, 2 * MICRO, endpoint="chat.completions"))
+    second = await aiohttp_server(create_app(cfg))     # another process starts on the same database
     store = second.app[STORE]
-    assert await ledger.balance(store, account) == 5 * MICRO == await ledger.ledger_sum(store, account)
-    assert tuple(await store.fetchone("SELECT status, charge_micro FROM holds")) == ("settled", 0)
+    assert await store.ledger.balance(account) == 3 * MICRO              # the first one's call is untouched
+    assert tuple(await store.fetchone("SELECT status FROM holds")) == ("open",)
+    await first.close()                                # ... which then dies without renewing its lease
+    assert await store.ledger.release_expired(at=time.time() + store.lease_seconds + 1) == 1
+    assert await store.ledger.balance(account) == 5 * MICRO == await store.ledger.entries_sum(account)
+    assert tuple(await store.fetchone("SELECT status, charge_micro FROM holds")) == ("released", 0)
+    assert tuple(await store.fetchone("SELECT outcome, usd_micro, endpoint FROM usage")) == \
+        ("crashed", 0, "chat.completions")
 
 
 async def test_settle_is_idempotent(gw):
     account, _ = await create_account(gw.store, "x", 100)
-    assert await ledger.reserve(gw.store, account, 60, "c1") == 0      # nothing from an allowance
-    assert await ledger.reserve(gw.store, account, 41, "c2") is None   # 40 left: refused
-    assert await ledger.settle(gw.store, "c1", 25) == (25, 0)
-    assert await ledger.settle(gw.store, "c1", 0) is None            # a second settle changes nothing
+    held = await gw.store.ledger.reserve(HoldRequest("c1", account, 60))
+    assert held.credit_micro == 60 and held.free_micro == 0                   # nothing from an allowance
+    assert await gw.store.ledger.reserve(HoldRequest("c2", account, 41)) is None   # 40 left: refused
+    assert await gw.store.ledger.settle(Settlement(held, 25, 0)) is True
+    assert await gw.store.ledger.settle(Settlement(held, 0, 0)) is False     # a second settle changes nothing
     assert await gw.balance(account) == 75 == await gw.ledger_sum(account)
 
 

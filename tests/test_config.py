@@ -41,7 +41,7 @@ def test_valid_config_prices_become_integers(tmp_path):
     ("a: [1, 2", "not valid YAML (line 1"),
     ("- just\n- a list\n", "top level must be a mapping"),
     ({**VALID, "server": {"port": "eighty"}}, "server.port: expected a port number"),
-    ({**VALID, "storage": "postgres://x"}, "storage: expected sqlite:///PATH"),
+    ({**VALID, "storage": "mysql://x"}, "storage: expected sqlite:///PATH"),
     ({**VALID, "pricing": {"discount": 2}}, "pricing.discount: expected a number in (0, 1]"),
     ({**VALID, "providers": {"p": {"base_url": "x"}}}, "providers.p.type: required"),
     ({**VALID, "models": {"chat": [{"id": "a", "provider": "zzz", "list_input_usd_per_mtok": 1,

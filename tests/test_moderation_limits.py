@@ -130,3 +130,15 @@ async def test_keyless_callers_are_limited_by_address(start_gateway, shared_stat
     assert statuses == [402, 402, 429]                                  # the third is limited before payment
     key, _ = await gw.key(1)
     assert (await post(gw, "/api/v1/chat/completions", HI, key))[0] == 200   # keys have their own buckets
+
+
+async def test_rpm_is_a_sliding_minute_not_a_refilling_bucket(start_gateway, shared_state):
+    """60 calls, then a pause that a refilling bucket would top up by one: still refused
+    (however long a burst takes, rpm admits that many in any 60 s)."""
+    gw = await start_gateway({"limits": {"per_key": {"rpm": 60}}, **shared_state})
+    key, _ = await gw.key(1)
+    statuses = await asyncio.gather(*[post(gw, "/api/v1/chat/completions", HI, key) for _ in range(61)])
+    assert sorted(s for s, _, _ in statuses) == [200] * 60 + [429]
+    await asyncio.sleep(1.1)
+    status, err, headers = await post(gw, "/api/v1/chat/completions", HI, key)
+    assert status == 429 and 57 <= int(headers["Retry-After"]) <= 60

@@ -45,7 +45,6 @@ async def test_workers_never_outlive_a_killed_parent(tmp_path):
     c = await Cluster(tmp_path, redis_url=None, mode="workers", count=2).start()
     children = c.serving_pids()
     c.kill9(c.procs[0].pid)
-    c.procs[0].wait()
     deadline = time.monotonic() + 5
     while not all(gone(pid) for pid in children):
         assert time.monotonic() < deadline, f"workers {children} outlived their parent"
@@ -62,6 +61,20 @@ async def test_a_dead_worker_is_replaced(tmp_path):
             assert time.monotonic() < deadline, c.logs()
             await asyncio.sleep(0.1)
         await c.ready(c.ports[0])
+    finally:
+        await c.stop()
+
+
+async def test_the_kernel_spreads_connections_over_the_workers(tmp_path):
+    c = await Cluster(tmp_path, redis_url=None, mode="workers", count=2).start()
+    try:
+        key, account = await c.key(1_000_000)
+        for client in c.clients(key, count=20):                         # 20 connections, one after another
+            await client.chat.completions.create(model="demo/echo", max_tokens=5,
+                                                 messages=[{"role": "user", "content": "hi"}])
+        # call ids start with a random per-process prefix
+        assert c.scalar("SELECT COUNT(DISTINCT substr(call_id, 1, 12)) FROM usage WHERE account_id = ?",
+                        (account,)) == 2
     finally:
         await c.stop()
 

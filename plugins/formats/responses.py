@@ -7,7 +7,6 @@ upstream delta becomes its event as it arrives, with `sequence_number` from 0.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -218,7 +217,7 @@ def response_object(ctx: CallContext, output: list, stop: str | None, usage: dic
         incomplete = {"reason": "max_output_tokens" if stop == MAX_TOKENS else "content_filter"}
     tc = req.tool_choice
     return {"id": f"resp_{ctx.call_id}", "object": "response",
-            "created_at": ctx.state.setdefault("created_at", int(time.time())), "status": status,
+            "created_at": ctx.created_at, "status": status,
             "error": error, "incomplete_details": incomplete, "instructions": None,
             "max_output_tokens": req.max_tokens, "model": ctx.route.model.id, "output": output,
             "parallel_tool_calls": tc.parallel is not False if tc else True, "previous_response_id": None,

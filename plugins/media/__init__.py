@@ -19,12 +19,12 @@ import structlog
 from aiohttp import web
 
 from config import usd
-from plugins import around, hookimpl
+from plugins import hookimpl
 from plugins.appstate import CONFIG, PM, PROVIDERS
-from plugins.context import CallContext, Route, new_id
+from plugins.context import CallContext, Route
 from plugins.errors import GatewayError, bad_request
-from plugins.formats.base import ClientFormat, json_response, openai_error_body, read_json
-from plugins.pipeline import run_stages, succeeded, upstream_call
+from plugins.formats.base import ClientFormat, json_response, openai_error_body
+from plugins.pipeline import run_call, succeeded
 from providers.media_types import ImageJob, MediaFile
 
 from . import requests as parse
@@ -104,7 +104,7 @@ def _can_make(app, config, model: MediaModel) -> bool:
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
     """A Route to catalog media model `model_id`, with its validated job and its pricer."""
     app = ctx.request.app
-    endpoint: MediaEndpoint = ctx.state["format"]
+    endpoint: MediaEndpoint = ctx.format
     model = app[MEDIA].catalog.get(model_id)
     if model is None or model.kind != endpoint.kind:
         raise bad_request(f"model {model_id!r} is not a{'n' if endpoint.kind == 'image' else ''} {endpoint.kind} "
@@ -114,7 +114,7 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
     if reason:
         raise GatewayError(503, f"model {model_id!r} is not available right now: {reason}",
                            code="provider_unavailable")
-    f, prompt = ctx.state["media_fields"], ctx.state["prompt"]
+    f, prompt = ctx.media_fields, ctx.prompt
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
     allow = app[MEDIA].allow_private
     for url in [*getattr(job, "references", []), getattr(job, "image_url", None), getattr(job, "video_url", None)]:
@@ -126,28 +126,22 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
 
 @hookimpl(trylast=True)
 def gateway_select_route(ctx: CallContext):
-    if not isinstance(ctx.state.get("format"), MediaEndpoint):
+    if not isinstance(ctx.format, MediaEndpoint):
         return None
     return media_route(ctx, ctx.model_id)
 
 
 # ---- the endpoints -----------------------------------------------------------------
 
-async def run_media(request: web.Request, endpoint: MediaEndpoint) -> web.StreamResponse:
-    ctx = CallContext(request=request, endpoint=endpoint.endpoint, call_id=new_id())
-    ctx.state["format"] = endpoint
-    try:
-        f, ctx.model_id, prompt = parse.parse_common(await read_json(request))
-        ctx.state.update(media_fields=f, prompt=prompt)
-        ctx.input_chars = len(prompt)
-        async with around(request.app[PM], ctx):
-            await run_stages(ctx)
-            async with upstream_call(ctx):
-                files = ctx.state["media_files"] = await _produce(ctx)
-                await succeeded(ctx)
-                return json_response(_render(ctx, endpoint, files), headers=ctx.response_headers)
-    except GatewayError as err:
-        return endpoint.error_response(err)
+def prepare_media(ctx: CallContext, body) -> None:
+    ctx.media_fields, ctx.model_id, ctx.prompt = parse.parse_common(body)
+    ctx.input_chars = len(ctx.prompt)
+
+
+async def serve_media(ctx: CallContext) -> web.StreamResponse:
+    ctx.media_files = await _produce(ctx)
+    await succeeded(ctx)
+    return json_response(_render(ctx, ctx.format, ctx.media_files), headers=ctx.response_headers)
 
 
 async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
@@ -178,7 +172,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
 
 async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any]:
     """Copy a result into the artifact store (or keep its bytes for b64_json)."""
-    app, endpoint = ctx.request.app, ctx.state["format"]
+    app, endpoint = ctx.request.app, ctx.format
     data, content_type = file.data, file.content_type
     if data is None:
         limit = (500 if endpoint.kind == "video" else 50) * MB
@@ -200,11 +194,11 @@ def _render(ctx: CallContext, endpoint: MediaEndpoint, files: list[dict[str, Any
 
 
 async def images(request: web.Request) -> web.StreamResponse:
-    return await run_media(request, IMAGES)
+    return await run_call(request, IMAGES, prepare_media, serve_media)
 
 
 async def videos(request: web.Request) -> web.StreamResponse:
-    return await run_media(request, VIDEOS)
+    return await run_call(request, VIDEOS, prepare_media, serve_media)
 
 
 async def artifact(request: web.Request) -> web.StreamResponse:

@@ -69,7 +69,7 @@ class MediaPricer:
         return f"this call's reserve ${usd(amount):.6f} ({self.x402_price(ctx)[1]})"
 
     def produced(self, ctx: CallContext) -> int:
-        return len(ctx.state.get("media_files") or [])
+        return len(ctx.media_files or [])
 
     def charge(self, ctx: CallContext) -> tuple[int, int]:
         cost = self.unit * self.produced(ctx) if self.is_image else (self.unit if self.produced(ctx) else 0)

@@ -15,16 +15,11 @@ from plugins import hookimpl
 from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
-from .paywall import SCHEMA, Paywall
+from .paywall import Paywall
 from .settings import load_x402
 
 PAYWALL = web.AppKey("paywall", Paywall)
 log = structlog.get_logger("x402")
-
-
-@hookimpl
-def gateway_register_migrations(register):
-    register("0200_x402_payments", SCHEMA)
 
 
 @hookimpl
@@ -38,7 +33,7 @@ def gateway_configure(app, config):
 
 
 def paywall_for(ctx: CallContext) -> Paywall | None:
-    fmt = ctx.state["format"]
+    fmt = ctx.format
     paywall = ctx.request.app.get(PAYWALL)
     if ctx.principal is not None or not getattr(fmt, "accepts_x402", False) or not paywall or not paywall.enabled:
         return None

@@ -9,7 +9,6 @@ settles only after the work succeeded; a failed call leaves the payment unsettle
 from __future__ import annotations
 
 import secrets
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,31 +17,13 @@ import orjson
 import structlog
 
 from plugins.errors import GatewayError
-from plugins.store import Store, now
+from plugins.storage import PaymentClaim, Storage
 
 from .chains import PaymentRefused
 from .settings import X402Settings
 from .wire import Offer, Payment, challenge, read_payment, settlement_header
 
 log = structlog.get_logger("x402")
-
-SCHEMA = """
-CREATE TABLE x402_payments (
-    claim_key TEXT PRIMARY KEY,        -- one-time key: (network, asset, payer, nonce) or tx hash
-    network TEXT NOT NULL,
-    asset TEXT NOT NULL,
-    payer TEXT,
-    amount TEXT NOT NULL,              -- atomic units, as paid
-    usd_micro INTEGER NOT NULL,        -- what that amount is worth
-    ref TEXT NOT NULL,                 -- call id or order id
-    status TEXT NOT NULL,              -- claimed | settled | settle_failed | unused
-    tx TEXT,
-    reason TEXT,
-    created_at INTEGER NOT NULL,
-    settled_at INTEGER
-);
-"""
-
 
 @dataclass
 class Accepted:
@@ -72,7 +53,7 @@ class Paywall:
         return {"url": self.public_url + path, "description": description, "mimeType": "application/json"}
 
     async def accept(self, headers, usd_micro: int, *, discounts: bool, resource: dict[str, str], ref: str,
-                     store: Store, http: aiohttp.ClientSession) -> Accepted:
+                     store: Storage, http: aiohttp.ClientSession) -> Accepted:
         offers = self.offers(usd_micro, discounts=discounts)
         payment = read_payment(headers)
         if payment is None:
@@ -82,14 +63,16 @@ class Paywall:
             offer, payer, key = self._match(payment, offers)
         except PaymentRefused as refused:
             raise self._refusal(offers, resource, refused.reason, str(refused)) from None
-        if await store.fetchone("SELECT 1 FROM x402_payments WHERE claim_key = ?", (key,)):
+        if await store.payments.is_claimed(key):
             raise self._refusal(offers, resource, "payment_already_used", "this payment was already used; sign a new one")
         verdict = await self._facilitate("verify", payment, offer, resource, http)
         if not verdict.get("isValid"):
             reason = verdict.get("invalidReason") or "invalid_payment"
             raise self._refusal(offers, resource, reason, f"the facilitator refused the payment ({reason})")
         accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource)
-        if not await store.transaction(_claim, accepted, ref):
+        r = offer.requirement
+        if not await store.payments.claim(PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"],
+                                                       offer.usd_paid_micro, ref)):
             raise self._refusal(offers, resource, "payment_already_used",
                                 "this payment was already used; sign a new one")
         return accepted
@@ -143,7 +126,7 @@ class Paywall:
             raise GatewayError(503, "the payment facilitator could not be reached; try again",
                                code="facilitator_unavailable") from None
 
-    async def settle(self, accepted: Accepted, store: Store, http: aiohttp.ClientSession) -> dict[str, Any]:
+    async def settle(self, accepted: Accepted, store: Storage, http: aiohttp.ClientSession) -> dict[str, Any]:
         """Settle once the work is done. Returns the settlement (success or not); a failure
         is logged and recorded, never raised."""
         try:
@@ -153,8 +136,8 @@ class Paywall:
         result.setdefault("network", accepted.offer.requirement["network"])
         result.setdefault("payer", accepted.payer)
         ok = bool(result.get("success"))
-        await store.transaction(_record, accepted.claim_key, "settled" if ok else "settle_failed",
-                                result.get("transaction"), result.get("errorReason"))
+        await store.payments.record(accepted.claim_key, "settled" if ok else "settle_failed",
+                                    result.get("transaction"), result.get("errorReason"))
         if not ok:
             log.warning("x402_settle_failed", claim=accepted.claim_key, reason=result.get("errorReason"))
         accepted.settled = result
@@ -162,23 +145,9 @@ class Paywall:
             "success", "transaction", "network", "payer", "errorReason") if result.get(k) is not None})
         return result
 
-    async def release(self, accepted: Accepted, store: Store) -> None:
+    async def release(self, accepted: Accepted, store: Storage) -> None:
         """The work failed: the payment stays unsettled (and unusable again)."""
-        await store.transaction(_record, accepted.claim_key, "unused", None, "work_failed")
-
-
-def _claim(conn: sqlite3.Connection, a: Accepted, ref: str) -> bool:
-    r = a.offer.requirement
-    cur = conn.execute("INSERT OR IGNORE INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, "
-                       "ref, status, created_at) VALUES (?,?,?,?,?,?,?,'claimed',?)",
-                       (a.claim_key, r["network"], r["asset"], a.payer, r["amount"], a.offer.usd_paid_micro, ref,
-                        now()))
-    return cur.rowcount == 1
-
-
-def _record(conn: sqlite3.Connection, key: str, status: str, tx: str | None, reason: str | None) -> None:
-    conn.execute("UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ? WHERE claim_key = ?",
-                 (status, tx, reason, now(), key))
+        await store.payments.record(accepted.claim_key, "unused", None, "work_failed")
 
 
 def new_ref(prefix: str) -> str:

@@ -1,0 +1,198 @@
+"""What the gateway keeps, behind domain interfaces: the ledger, keys, usage, agents, the
+free allowance and x402 payment claims. Handlers and plugins call these; all SQL of one
+engine lives in that engine's backend module (`sqlite`, `postgresql`).
+
+`open_storage(url, migrations)` picks the backend from the URL. Every write that must be
+atomic is one interface method, applied in one transaction by the backend, and takes
+plain data (e.g. a `Settlement`), never a callback.
+
+Holds have an owner and a lease: each process has an `instance_id`; a hold records it and
+a lease (`lease_until`) the process renews for all its open holds while it runs. Only a
+hold whose lease expired is released by someone else (a crash), and then with a usage
+row whose outcome is `crashed` and whose charge is zero.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+from .records import (
+    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
+    UsageRow, split_charge,
+)
+
+__all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
+           "Settlement", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
+           "DEFAULT_LEASE_SECONDS", "CRASHED"]
+
+DEFAULT_LEASE_SECONDS = 30
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_instance_id() -> str:
+    """Names this process as the owner of its holds: host, pid and a random part (a pid
+    can be reused after a restart; the random part cannot)."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Ledger(Protocol):
+    """Money in integer micro-USD. Invariant: an account's balance equals the sum of its
+    ledger entries; a reserve never overdraws; a hold is settled or released once."""
+
+    async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
+        """Add credits (kind: grant | purchase | bonus); -> the new balance."""
+
+    async def reserve(self, hold: HoldRequest) -> Reserved | None:
+        """Hold money for a call (the allowance first, then credits, as one conditional
+        debit). None (nothing changed) if the credits are short."""
+
+    async def settle(self, settlement: Settlement) -> bool:
+        """Charge a call and refund the rest of its hold, writing its usage row, in one
+        transaction. False (and nothing changed) if the hold is no longer open."""
+
+    async def release(self, call_id: str) -> bool:
+        """Refund a hold in full (the call never ran). False if it is no longer open."""
+
+    async def balance(self, account_id: int) -> int: ...
+
+    async def entries_sum(self, account_id: int) -> int:
+        """The sum of the account's ledger entries (equals `balance`, or the books are wrong)."""
+
+    async def purchase(self, order: CreditPurchase) -> tuple[int, int]:
+        """Record a paid credit order and credit it with its bonus; -> (bonus, balance)."""
+
+    async def renew_leases(self) -> int:
+        """Extend the lease of every open hold this process owns (one statement)."""
+
+    async def release_expired(self, at: float | None = None) -> int:
+        """Release open holds whose lease expired (their owner died), each with a
+        `crashed` usage row; -> how many."""
+
+
+class Keys(Protocol):
+    async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
+        """A new account with its first key and optional credits; -> account id."""
+
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int: ...
+
+    async def get(self, key_hash: str) -> KeyRecord | None:
+        """The key with this hash, revoked or not."""
+
+    async def with_prefix(self, prefix: str) -> list[KeyRecord]: ...
+
+    async def list(self, account_id: int) -> list[KeyRecord]: ...
+
+    async def revoke(self, key_id: int) -> bool:
+        """-> False if it was already revoked or does not exist."""
+
+
+class Usage(Protocol):
+    async def record(self, row: UsageRow) -> None:
+        """Write a call's usage row (once per call id; a second write is ignored)."""
+
+    async def recent(self, account_id: int, limit: int = 50) -> list[UsageRow]: ...
+
+
+class Agents(Protocol):
+    async def register(self, account_id: int, key_id: int, name: str) -> AgentRegistration: ...
+
+
+class Allowance(Protocol):
+    async def used(self, account_id: int, day: str) -> int:
+        """Micro-USD of the free allowance used (or held) on this UTC day."""
+
+
+class Payments(Protocol):
+    """x402 payment claims: a payment's one-time key can be claimed once, ever."""
+
+    async def is_claimed(self, claim_key: str) -> bool: ...
+
+    async def claim(self, claim: PaymentClaim) -> bool:
+        """-> False if this payment was claimed before (also when sent twice at once)."""
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
+        """Status after the work: settled | settle_failed | unused."""
+
+
+class Storage(Protocol):
+    engine: str                 # "sqlite" | "postgresql"
+    instance_id: str
+    lease_seconds: int
+    ledger: Ledger
+    keys: Keys
+    usage: Usage
+    agents: Agents
+    allowance: Allowance
+    payments: Payments
+
+    async def fetchone(self, sql: str, params: tuple = ()) -> Any:
+        """For a plugin's own tables and for tests: `?` placeholders on every engine."""
+
+    async def fetchall(self, sql: str, params: tuple = ()) -> list[Any]: ...
+
+    async def execute(self, sql: str, params: tuple = ()) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """'sqlite:///gateway.db?lease_seconds=10' -> ('sqlite', 'gateway.db', {'lease_seconds': '10'});
+    PostgreSQL URLs keep everything but our own options."""
+    parts = urlsplit(url)
+    options = dict(parse_qsl(parts.query))
+    ours = {k: options.pop(k) for k in list(options) if k == "lease_seconds"}
+    if parts.scheme == "sqlite":
+        return "sqlite", url[len("sqlite:///"):].split("?", 1)[0] or "gateway.db", ours
+    if parts.scheme in ("postgresql", "postgres"):
+        rest = "&".join(f"{k}={v}" for k, v in options.items())
+        return "postgresql", parts._replace(query=rest).geturl(), ours
+    raise ValueError(f"unsupported storage URL {url!r}: use sqlite:///PATH or postgresql://user:password@host:port/db")
+
+
+async def open_storage(url: str, migrations: list[tuple[str, Any]], *, instance_id: str | None = None,
+                       lease_seconds: int | None = None) -> Storage:
+    """Open the store a URL names and apply pending migrations (built-in and plugins')."""
+    engine, target, options = parse_url(url)
+    lease = lease_seconds or int(options.get("lease_seconds", DEFAULT_LEASE_SECONDS))
+    instance = instance_id or new_instance_id()
+    if engine == "sqlite":
+        from .sqlite import SQLiteStorage
+        return await SQLiteStorage.open(target, migrations, instance, lease)
+    from .postgresql import PostgresStorage
+    return await PostgresStorage.open(target, migrations, instance, lease)
+
+
+def collect_migrations(pm) -> list[tuple[str, Any]]:
+    """Plugins' schema steps: `register(name, sql)`, where sql is one string for every
+    engine or a mapping {"sqlite": ..., "postgresql": ...}."""
+    found: list[tuple[str, Any]] = []
+    pm.hook.gateway_register_migrations(register=lambda name, sql: found.append((name, sql)))
+    names = [n for n, _ in found]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"migration names registered twice: {sorted(dupes)}")
+    return found
+
+
+def for_engine(migrations: list[tuple[str, Any]], engine: str) -> list[tuple[str, str]]:
+    """The SQL each migration runs on `engine`; a plugin step without it is an error."""
+    out = []
+    for name, sql in migrations:
+        if isinstance(sql, dict):
+            if engine not in sql:
+                raise ValueError(f"migration {name!r} has no SQL for {engine} (give {{'{engine}': ...}})")
+            sql = sql[engine]
+        out.append((name, sql))
+    return out
+
+
+def statements(sql: str) -> list[str]:
+    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -1,0 +1,145 @@
+"""The plain data the storage interfaces take and return. Everything a write needs is
+computed before it (priced, split, rendered), so a backend only applies it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+CRASHED = "crashed"             # usage outcome of a call whose process died before settling it
+
+
+@dataclass(slots=True, frozen=True)
+class FreeAsk:
+    """What a reserve asks of the free allowance: up to `want` micro-USD on `day` (UTC),
+    out of `daily` per account."""
+    day: str
+    want: int
+    daily: int
+
+
+@dataclass(slots=True)
+class HoldRequest:
+    """Money to set aside for one call, and what a usage row needs if its process dies."""
+    call_id: str
+    account_id: int
+    amount_micro: int
+    free: FreeAsk | None = None
+    key_id: int | None = None
+    agent_id: int | None = None
+    endpoint: str = ""
+    requested_model: str | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Reserved:
+    """What a reserve took: `credit_micro` from the balance, `free_micro` from the day's
+    allowance (`free_day`)."""
+    call_id: str
+    account_id: int
+    credit_micro: int
+    free_micro: int = 0
+    free_day: str | None = None
+
+
+@dataclass(slots=True)
+class UsageRow:
+    """One call as the usage log keeps it (`billing` is the client's billing block, JSON)."""
+    call_id: str
+    account_id: int | None
+    key_id: int | None
+    agent_id: int | None
+    endpoint: str
+    requested_model: str | None
+    model: str | None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd_micro: int = 0
+    status: int | None = None
+    outcome: str | None = None
+    latency_ms: int | None = None
+    billing: str | None = None
+    created_at: int = 0
+
+
+USAGE_FIELDS = tuple(f.name for f in fields(UsageRow))
+
+
+def crashed_usage(hold, at: int) -> UsageRow:
+    """The usage row of a call whose process died before settling it: what the hold knew,
+    no charge. `hold` has the holds table's columns (a row from either engine)."""
+    note = "the gateway process serving this call stopped before it finished; its hold was released, " \
+           "nothing was charged"
+    return UsageRow(call_id=hold["call_id"], account_id=hold["account_id"], key_id=hold["key_id"],
+                    agent_id=hold["agent_id"], endpoint=hold["endpoint"] or "unknown",
+                    requested_model=hold["requested_model"], model=hold["model"], outcome=CRASHED,
+                    billing=json.dumps({"model": hold["model"], "usd": 0.0, "note": note}), created_at=at)
+
+
+@dataclass(slots=True)
+class Settlement:
+    """A priced call: charge `charge_micro` to credits and `free_micro` to the allowance
+    out of what `held` reserved, refund the rest, and write `usage`."""
+    held: Reserved
+    charge_micro: int
+    free_micro: int
+    usage: UsageRow | None = None
+
+    def __post_init__(self):
+        if not (0 <= self.charge_micro <= self.held.credit_micro and 0 <= self.free_micro <= self.held.free_micro):
+            raise ValueError(f"settlement {self.charge_micro}+{self.free_micro} outside its hold {self.held}")
+
+
+def split_charge(held: Reserved, charge: int, free_eligible: int = 0) -> tuple[int, int]:
+    """Split a call's price between credits and the allowance: -> (from credits, from the
+    allowance). Never more than the hold. The allowance pays the eligible part first, and
+    always whatever the credit hold cannot cover, so no rounding can drop part of a charge."""
+    charge = max(0, min(charge, held.credit_micro + held.free_micro))
+    free_use = min(held.free_micro, charge, max(free_eligible, charge - held.credit_micro))
+    return charge - free_use, free_use
+
+
+@dataclass(slots=True, frozen=True)
+class KeyRecord:
+    id: int
+    account_id: int
+    prefix: str
+    name: str | None
+    agent_id: int | None
+    created_at: int
+    revoked_at: int | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(slots=True, frozen=True)
+class AgentRegistration:
+    agent_id: int
+    created: bool           # a new name in this account
+    attached: bool          # the calling key now belongs to this agent
+
+
+@dataclass(slots=True, frozen=True)
+class PaymentClaim:
+    claim_key: str          # (network, asset, payer, nonce) or the tx hash
+    network: str
+    asset: str
+    payer: str | None
+    amount: str             # atomic units, as paid
+    usd_micro: int
+    ref: str                # call id or order id
+
+
+@dataclass(slots=True, frozen=True)
+class CreditPurchase:
+    """A settled x402 credit purchase. The bonus depends on whether it is the account's
+    first order, which only the transaction can know, so both are given."""
+    order_id: str
+    account_id: int
+    usd_micro: int
+    claim_key: str
+    tx: str | None
+    bonus_first_micro: int
+    bonus_micro: int
