@@ -22,11 +22,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 from .records import (
     CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UsageRow, split_charge,
+    UnfinishedPayment, UsageRow, split_charge,
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
+           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
            "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
@@ -117,8 +117,24 @@ class Payments(Protocol):
     async def claim(self, claim: PaymentClaim) -> bool:
         """-> False if this payment was claimed before (also when sent twice at once)."""
 
-    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
-        """Status after the work: settled | settle_failed | unused."""
+    async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
+        """A call's payment is priced (`amount` atomic units, worth `usd_micro`) and about
+        to be settled: recorded first, so a process that dies now is finished by another."""
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
+                     amount: int | None = None, usd_micro: int | None = None) -> None:
+        """Status after the work: settled | settle_failed | unused; an upto settlement also
+        records what was actually taken (`amount` atomic units worth `usd_micro`)."""
+
+    async def renew_leases(self) -> int:
+        """Extend the lease of this process's unfinished call payments (one statement)."""
+
+    async def unfinished(self, at: float | None = None) -> list[UnfinishedPayment]:
+        """Call payments whose owner stopped renewing their lease before finishing them."""
+
+    async def adopt(self, claim_key: str, at: float | None = None) -> bool:
+        """Take over an unfinished payment whose lease expired; False if another process
+        took it first (or it was finished meanwhile)."""
 
 
 class Storage(Protocol):

@@ -27,6 +27,7 @@ async def keep_leases(storage) -> None:
         await asyncio.sleep(interval)
         try:
             await storage.ledger.renew_leases()
+            await storage.payments.renew_leases()
             await release_expired(storage)
         except Exception as exc:          # keep renewing: the next round may succeed
             log.error("lease_round_failed", error=repr(exc))

@@ -127,9 +127,24 @@ class PaymentClaim:
     network: str
     asset: str
     payer: str | None
-    amount: str             # atomic units, as paid
+    amount: str             # atomic units, as paid (upto: the signed maximum)
     usd_micro: int
     ref: str                # call id or order id
+    scheme: str = "exact"
+    settle_with: str | None = None   # a call's payment: what a restarted process needs to settle it (JSON)
+    deadline: int | None = None      # Unix time after which it can no longer be settled
+
+
+@dataclass(slots=True, frozen=True)
+class UnfinishedPayment:
+    """A call's payment whose process died before it was settled or released: `due` is
+    None while the call was still running (settle nothing), else the atomic units it owes."""
+    claim_key: str
+    ref: str
+    scheme: str
+    settle_with: str
+    deadline: int
+    due: str | None
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 from . import for_engine, now, statements
 from .records import (
     USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UsageRow, crashed_usage,
+    UnfinishedPayment, UsageRow, crashed_usage,
 )
 from .sqlite_schema import MIGRATIONS
 
@@ -352,8 +352,8 @@ class SQLiteAllowance:
 
 
 class SQLitePayments:
-    def __init__(self, engine: Engine):
-        self._db = engine
+    def __init__(self, engine: Engine, instance_id: str, lease_seconds: int):
+        self._db, self._owner, self._lease = engine, instance_id, lease_seconds
 
     async def is_claimed(self, claim_key: str) -> bool:
         return await self._db.run(_one, "SELECT 1 FROM x402_payments WHERE claim_key = ?", (claim_key,)) is not None
@@ -361,13 +361,41 @@ class SQLitePayments:
     async def claim(self, c: PaymentClaim) -> bool:
         return await self._db.transaction(
             _rowcount, "INSERT OR IGNORE INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, "
-                       "ref, status, created_at) VALUES (?,?,?,?,?,?,?,'claimed',?)",
-            (c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now())) == 1
+                       "ref, status, created_at, scheme, settle_with, deadline, owner, lease_until) "
+                       "VALUES (?,?,?,?,?,?,?,'claimed',?,?,?,?,?,?)",
+            (c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now(), c.scheme, c.settle_with,
+             c.deadline, self._owner, now() + self._lease)) == 1
 
-    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
-        await self._db.transaction(_rowcount, "UPDATE x402_payments SET status = ?, tx = ?, reason = ?, "
-                                              "settled_at = ? WHERE claim_key = ?", (status, tx, reason, now(),
-                                                                                    claim_key))
+    async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
+        await self._db.transaction(_rowcount, "UPDATE x402_payments SET status = 'settling', due = ?, usd_micro = ? "
+                                              "WHERE claim_key = ? AND status = 'claimed'",
+                                   (str(amount), usd_micro, claim_key))
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
+                     amount: int | None = None, usd_micro: int | None = None) -> None:
+        await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
+                       "amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?",
+            (status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key))
+
+    async def renew_leases(self) -> int:
+        return await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET lease_until = ? WHERE owner = ? AND status IN ('claimed', 'settling')",
+            (now() + self._lease, self._owner))
+
+    async def unfinished(self, at: float | None = None) -> list[UnfinishedPayment]:
+        at = int(time.time() if at is None else at)
+        rows = await self._db.run(_all, "SELECT claim_key, ref, scheme, settle_with, deadline, due FROM x402_payments "
+                                        "WHERE status IN ('claimed', 'settling') AND settle_with IS NOT NULL "
+                                        "AND lease_until < ?", (at,))
+        return [UnfinishedPayment(*r) for r in rows]
+
+    async def adopt(self, claim_key: str, at: float | None = None) -> bool:
+        at = int(time.time() if at is None else at)
+        return await self._db.transaction(
+            _rowcount, "UPDATE x402_payments SET owner = ?, lease_until = ? WHERE claim_key = ? "
+                       "AND status IN ('claimed', 'settling') AND lease_until < ?",
+            (self._owner, at + self._lease, claim_key, at)) == 1
 
 
 class SQLiteStorage:
@@ -378,7 +406,7 @@ class SQLiteStorage:
         self.instance_id, self.lease_seconds = instance_id, lease_seconds
         self.ledger = SQLiteLedger(db, instance_id, lease_seconds)
         self.keys, self.usage, self.agents = SQLiteKeys(db), SQLiteUsage(db), SQLiteAgents(db)
-        self.allowance, self.payments = SQLiteAllowance(db), SQLitePayments(db)
+        self.allowance, self.payments = SQLiteAllowance(db), SQLitePayments(db, instance_id, lease_seconds)
 
     @classmethod
     async def open(cls, path: str, migrations: list[tuple[str, Any]], instance_id: str,

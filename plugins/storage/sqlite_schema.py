@@ -104,6 +104,18 @@ CREATE TABLE x402_payments (
 );
 """
 
+# A call's x402 payment can outlive its process: what settling it needs, the amount owed once
+# the call is priced, and an owner with a lease like a hold's (see plugins.x402.recovery).
+X402_RECOVERY = """
+ALTER TABLE x402_payments ADD COLUMN scheme TEXT NOT NULL DEFAULT 'exact';
+ALTER TABLE x402_payments ADD COLUMN settle_with TEXT;
+ALTER TABLE x402_payments ADD COLUMN deadline INTEGER;
+ALTER TABLE x402_payments ADD COLUMN due TEXT;
+ALTER TABLE x402_payments ADD COLUMN owner TEXT;
+ALTER TABLE x402_payments ADD COLUMN lease_until INTEGER;
+CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHERE settle_with IS NOT NULL;
+"""
+
 CREDIT_ORDERS = """
 CREATE TABLE credit_orders (
     id TEXT PRIMARY KEY,
@@ -134,4 +146,5 @@ MIGRATIONS = [
     ("0200_x402_payments", X402_PAYMENTS),
     ("0210_credit_orders", CREDIT_ORDERS),
     ("0220_agents", AGENTS),
+    ("0230_x402_recovery", X402_RECOVERY),
 ]

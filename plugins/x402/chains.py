@@ -16,17 +16,11 @@ from typing import Any, ClassVar
 
 from plugins import hookimpl
 
+from . import upto
+from .errors import PaymentRefused
 from .wire import Offer, Payment
 
 MICRO = 1_000_000
-
-
-class PaymentRefused(Exception):
-    """A payment that does not pay this offer; `reason` is an x402-style reason code."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -38,6 +32,7 @@ class Asset:
     discount: Fraction          # e.g. 1/10 for the project tokens
     transfer: str               # eip3009 | permit2 | spl
     eip712: dict[str, str]
+    upto: bool = True           # offer the upto scheme for it, where the facilitator settles upto
 
     def atomic(self, usd_micro: int, *, discounted: bool) -> tuple[int, int]:
         """USD micro -> (atomic units to pay, rounded up; USD micro that amount is worth)."""
@@ -45,8 +40,12 @@ class Asset:
         usd = Fraction(usd_micro, MICRO) * factor
         units = usd / self.usd_rate * 10 ** self.decimals
         atomic = -(-units.numerator // units.denominator)
+        return atomic, self.worth(atomic)
+
+    def worth(self, atomic: int) -> int:
+        """What `atomic` units are worth in USD micro, rounded up."""
         worth = Fraction(atomic, 10 ** self.decimals) * self.usd_rate * MICRO
-        return atomic, -(-worth.numerator // worth.denominator)
+        return -(-worth.numerator // worth.denominator)
 
 
 class Chain:
@@ -55,18 +54,21 @@ class Chain:
 
     def __init__(self, network: str, pay_to: str, assets: list[Asset], settings: dict[str, Any]):
         self.network, self.pay_to, self.assets, self.settings = network, pay_to, assets, settings
+        self.upto = bool(settings.get("upto", True))
 
     def offers(self, usd_micro: int, max_timeout: int, *, discounts: bool) -> list[Offer]:
-        out = []
-        for asset in self.assets:
-            if asset.discount and not discounts:
-                continue      # the discount tokens are for calls, not credit purchases
-            amount, worth = asset.atomic(usd_micro, discounted=True)
-            requirement = {"scheme": "exact", "network": self.network, "amount": str(amount),
-                           "asset": asset.address, "payTo": self.pay_to, "maxTimeoutSeconds": max_timeout,
-                           "extra": self.extra(asset)}
-            out.append(Offer(requirement, self, asset, worth))
-        return out
+        return [self._offer("exact", asset, usd_micro, max_timeout, self.extra(asset))
+                for asset in self.assets if discounts or not asset.discount]
+
+    def upto_offers(self, usd_micro: int, max_timeout: int, facilitator_address: str) -> list[Offer]:
+        """`upto` offers for a maximum of `usd_micro` (calls only: never credit purchases)."""
+        return []
+
+    def _offer(self, scheme: str, asset: Asset, usd_micro: int, max_timeout: int, extra: dict) -> Offer:
+        amount, worth = asset.atomic(usd_micro, discounted=True)
+        requirement = {"scheme": scheme, "network": self.network, "amount": str(amount), "asset": asset.address,
+                       "payTo": self.pay_to, "maxTimeoutSeconds": max_timeout, "extra": extra}
+        return Offer(requirement, self, asset, worth)
 
     def extra(self, asset: Asset) -> dict[str, Any]:
         return {}
@@ -91,7 +93,20 @@ class EvmChain(Chain):
             extra["assetTransferMethod"] = "permit2"
         return extra
 
+    def upto_offers(self, usd_micro: int, max_timeout: int, facilitator_address: str) -> list[Offer]:
+        # Any ERC-20 can move by Permit2 (the payer approves Permit2 once), so every asset
+        # qualifies unless the operator switched it off.
+        if not self.upto:
+            return []
+        return [self._offer(upto.SCHEME, asset, usd_micro, max_timeout,
+                            {**asset.eip712, "assetTransferMethod": "permit2",
+                             "facilitatorAddress": facilitator_address})
+                for asset in self.assets if asset.upto]
+
     def check(self, payment: Payment, offer: Offer) -> tuple[str, str]:
+        if offer.scheme == upto.SCHEME:
+            return upto.check(payment, offer.requirement, self.chain_id,
+                              min_window=int(offer.requirement["maxTimeoutSeconds"]) // 2)
         inner = payment.inner
         if offer.asset.transfer == "permit2":
             auth = inner.get("permit2Authorization") or {}

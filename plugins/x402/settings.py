@@ -24,6 +24,8 @@ class X402Settings:
     facilitator_timeout: float = 30.0
     facilitator_headers: dict[str, str] = field(default_factory=dict)
     max_timeout_seconds: int = 300
+    upto_max_timeout_seconds: int = 900          # an upto authorization must outlive the slowest render
+    upto_markup: Fraction = Fraction(1)          # keyless upto calls pay the keyed price times this
     chains: list[Chain] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)   # placeholders not filled in
 
@@ -65,6 +67,16 @@ def load_x402(cfg: Config, chain_types: dict[str, type]) -> X402Settings:
     out.facilitator_timeout = float(fac.get("timeout_seconds", 30))
     out.facilitator_headers = {str(k): str(v) for k, v in (fac.get("headers") or {}).items()}
     out.max_timeout_seconds = int(raw.get("max_timeout_seconds", 300))
+    up = raw.get("upto") or {}
+    if not isinstance(up, dict):
+        problems.append("payments.x402.upto: expected a mapping (max_timeout_seconds, markup)")
+        up = {}
+    out.upto_max_timeout_seconds = int(up.get("max_timeout_seconds", 900))
+    if out.upto_max_timeout_seconds < 60:
+        problems.append("payments.x402.upto.max_timeout_seconds: at least 60, to settle after the work")
+    out.upto_markup = _fraction(up.get("markup"), "payments.x402.upto.markup", problems, default="1")
+    if out.upto_markup < 1:
+        problems.append("payments.x402.upto.markup: at least 1 (keyless calls never pay less than keyed ones)")
     for i, chain in enumerate(raw.get("chains") or []):
         path = f"payments.x402.chains[{i}]"
         if not isinstance(chain, dict):
@@ -111,7 +123,8 @@ def _asset(raw: Any, path: str, problems: list[str], skipped: list[str]) -> Asse
     eip712 = raw.get("eip712") or {}
     return Asset(symbol=str(raw.get("symbol", "")), address=str(raw["address"]), decimals=decimals,
                  usd_rate=rate, discount=discount, transfer=str(raw.get("transfer", "eip3009")),
-                 eip712={k: str(v) for k, v in eip712.items() if k in ("name", "version")})
+                 eip712={k: str(v) for k, v in eip712.items() if k in ("name", "version")},
+                 upto=bool(raw.get("upto", True)))
 
 
 def load_credits(cfg: Config) -> CreditSettings:

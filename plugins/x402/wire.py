@@ -35,11 +35,15 @@ class Offer:
     requirement: dict[str, Any]     # v2 PaymentRequirements
     chain: Any                      # the chain plugin instance
     asset: Any                      # its asset config
-    usd_paid_micro: int             # what paying this offer is worth in USD (after discount)
+    usd_paid_micro: int             # what paying this offer is worth in USD (after discount); the most, for upto
+
+    @property
+    def scheme(self) -> str:
+        return self.requirement["scheme"]
 
     def v1(self, resource: dict[str, str]) -> dict[str, Any] | None:
         name = V1_NAMES.get(self.requirement["network"])
-        if name is None:
+        if name is None or self.scheme != "exact":      # v1 knows only exact
             return None
         r = self.requirement
         return {"scheme": r["scheme"], "network": name, "maxAmountRequired": r["amount"], "asset": r["asset"],

@@ -1,0 +1,64 @@
+"""Finishing the x402 payments of calls whose process died.
+
+A call's payment is claimed (with what settling it needs) before the upstream request,
+and marked as owed, with the amount, just before it is settled. Its owner renews a lease
+on it while the call runs, as for holds. When a lease expires, another process (or this
+one after a restart) adopts the payment and finishes it as the record says: a call that
+had not been priced settles nothing; a priced one is settled for what it owed, if the
+authorization is still valid. Adopting is one conditional update, so exactly one process
+finishes each payment.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import structlog
+
+from plugins.storage import UnfinishedPayment
+
+log = structlog.get_logger("x402")
+SETTLE_MARGIN = 6            # seconds an authorization must still be valid to be settled
+
+
+async def finish_unfinished(storage, paywall, http) -> int:
+    """Finish every payment whose owner died; -> how many this process finished."""
+    done = 0
+    for payment in await storage.payments.unfinished():
+        if await storage.payments.adopt(payment.claim_key):
+            await _finish(storage, paywall, http, payment)
+            done += 1
+    return done
+
+
+async def _finish(storage, paywall, http, p: UnfinishedPayment) -> None:
+    nothing = 0 if p.scheme == "upto" else None
+    if p.due is None:
+        await storage.payments.record(p.claim_key, "unused", None, "crashed_before_priced", amount=nothing,
+                                      usd_micro=nothing)
+        log.warning("x402_payment_released_after_crash", call=p.ref)
+        return
+    if p.deadline < time.time() + SETTLE_MARGIN:
+        await storage.payments.record(p.claim_key, "settle_failed", None, "authorization_expired")
+        log.error("x402_payment_expired_before_settlement", call=p.ref, due=p.due)
+        return
+    data = orjson.loads(p.settle_with)
+    amount = int(p.due) if p.scheme == "upto" else None
+    result = await paywall.settle_owed(data["version"], data["payload"], data["requirement"], amount, http)
+    ok = bool(result.get("success"))
+    await storage.payments.record(p.claim_key, "settled" if ok else "settle_failed", result.get("transaction"),
+                                  result.get("errorReason"), amount=amount)
+    log.warning("x402_payment_finished_after_crash", call=p.ref, settled=ok, due=p.due,
+                reason=result.get("errorReason"))
+
+
+async def keep_finishing(storage, paywall, http) -> None:
+    """Run until cancelled: look for payments of dead processes every third of a lease."""
+    interval = max(storage.lease_seconds / 3, 0.2)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await finish_unfinished(storage, paywall, http)
+        except Exception as exc:          # the database or facilitator briefly away: try next round
+            log.error("x402_recovery_round_failed", error=repr(exc))
