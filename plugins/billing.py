@@ -86,7 +86,10 @@ async def gateway_settle(ctx: CallContext):
     charged, free_use = split_charge(reserved, charge, eligible)
     ctx.charge_micro = charged
     ctx.billing = ctx.pricer.billing(ctx, charged, cost, note_for(ctx, charged, free_use))
-    row = usage.row(ctx)
-    await ctx.request.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, row))
+    if not await ctx.request.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, usage.row(ctx))):
+        # Released meanwhile: this process stopped renewing its lease long enough for another
+        # to take it for dead. The refund (and a usage row) went out then; the call is free.
+        ctx.charge_micro = 0
+        ctx.billing = ctx.pricer.billing(ctx, 0, cost, "not charged: the hold had expired before settlement")
     usage.mark_written(ctx)
     hold.settled = True

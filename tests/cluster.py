@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,7 +17,9 @@ import httpx
 import openai
 import yaml
 
-from tests.servers import free_port, stop
+from plugins import get_plugin_manager
+from plugins.storage import collect_migrations, open_storage
+from tests.servers import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY = [sys.executable, str(ROOT / "gateway.py")]
@@ -33,11 +34,13 @@ MODELS = [
 
 
 class Cluster:
-    def __init__(self, folder: Path, *, redis_url: str | None, mode: str, count: int = 4, extra: dict | None = None,
-                 lease_seconds: int = 30):
+    def __init__(self, folder: Path, *, redis_url: str | None, mode: str, storage: str | None = None, count: int = 4,
+                 extra: dict | None = None, lease_seconds: int = 30):
         self.folder, self.mode, self.count = folder, mode, count
-        self.db = folder / "gateway.db"
-        config = {"storage": f"sqlite:///{self.db}?lease_seconds={lease_seconds}",
+        storage = storage or f"sqlite:///{folder / 'gateway.db'}"
+        self.storage_url = f"{storage}{'&' if '?' in storage else '?'}lease_seconds={lease_seconds}"
+        self._storage = None
+        config = {"storage": self.storage_url,
                   "providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.05}},
                   "models": {"chat": MODELS}, **({"redis": redis_url} if redis_url else {}), **(extra or {})}
         self.config = folder / "gateway.yaml"
@@ -106,9 +109,11 @@ class Cluster:
     async def stop(self) -> None:
         for client in self._clients:
             await client.close()
+        if self._storage is not None:
+            await self._storage.close()
         for proc in self.procs:
             if proc is not None:
-                await asyncio.to_thread(stop, proc, 45.0)
+                await asyncio.to_thread(stop_process, proc, 45.0)
 
     # ---- operator ------------------------------------------------------------------
 
@@ -122,14 +127,27 @@ class Cluster:
         lines = out.decode().split()
         return lines[-1], int(lines[1])
 
-    def scalar(self, sql: str, params: tuple = ()):
-        with sqlite3.connect(self.db) as db:
-            return db.execute(sql, params).fetchone()[0]
+    async def scalar(self, sql: str, params: tuple = ()):
+        """One value from the shared database (`?` placeholders on every engine)."""
+        if self._storage is None:
+            self._storage = await open_storage(self.storage_url, collect_migrations(get_plugin_manager()))
+        row = await self._storage.fetchone(sql, params)
+        return row[0] if row is not None else None
 
-    def money(self, account_id: int) -> tuple[int, int]:
+    async def money(self, account_id: int) -> tuple[int, int]:
         """-> (balance, sum of the ledger) of an account, micro-USD."""
-        return (self.scalar("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)),
-                self.scalar("SELECT COALESCE(SUM(amount_micro), 0) FROM ledger WHERE account_id = ?", (account_id,)))
+        return (await self.scalar("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)),
+                await self.scalar("SELECT COALESCE(SUM(amount_micro), 0) FROM ledger WHERE account_id = ?",
+                                  (account_id,)))
+
+    async def open_holds_by_pid(self) -> dict[int, set[str]]:
+        """Open holds (call ids) by the pid of the process that owns them (owner: host:pid:random)."""
+        await self.scalar("SELECT 1")
+        rows = await self._storage.fetchall("SELECT owner, call_id FROM holds WHERE status = 'open'")
+        out: dict[int, set[str]] = {}
+        for owner, call_id in rows:
+            out.setdefault(int(owner.split(":")[-2]), set()).add(call_id)
+        return out
 
     # ---- clients -------------------------------------------------------------------
 
@@ -171,11 +189,3 @@ class Cluster:
         self.procs[slot] = self._spawn(self.ports[slot])
         await self.ready(self.ports[slot])
 
-    def open_holds_by_pid(self) -> dict[int, list[str]]:
-        """Open holds (call ids) by the pid of the process that owns them (owner: host:pid:random)."""
-        with sqlite3.connect(self.db) as db:
-            rows = db.execute("SELECT owner, call_id FROM holds WHERE status = 'open'").fetchall()
-        out: dict[int, list[str]] = {}
-        for owner, call_id in rows:
-            out.setdefault(int(owner.split(":")[-2]), []).append(call_id)
-        return out

@@ -16,7 +16,7 @@ from gateway import create_app
 from plugins.accounts import create_account
 from plugins.appstate import STORE
 from tests.fakes import FakeAnthropic, FakeOpenAIChat
-from tests.servers import RedisServer
+from tests.servers import postgres_server, postgres_url, redis_server, redis_url  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = 1_000_000
@@ -39,11 +39,33 @@ DEMO_MODELS = [
 ]
 
 
+def pytest_generate_tests(metafunc):
+    """A module that sets `ENGINES = ("sqlite", "postgresql")` runs each of its gateway tests
+    once per storage engine."""
+    engines = getattr(metafunc.module, "ENGINES", None)
+    if engines and "storage_engine" in metafunc.fixturenames:
+        metafunc.parametrize("storage_engine", engines, indirect=True)
+
+
 @pytest.fixture
-def write_config(tmp_path):
-    """Write a YAML config (defaults: demo provider, a SQLite file in tmp) and load it."""
+def storage_engine(request) -> str:
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+async def storage_url(storage_engine, tmp_path, request) -> str:
+    """Where the test's gateway keeps its state: a SQLite file in tmp, or a fresh database
+    on the session's PostgreSQL server."""
+    if storage_engine == "postgresql":
+        return await request.getfixturevalue("postgres_server").fresh_url()
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+@pytest.fixture
+def write_config(tmp_path, storage_url):
+    """Write a YAML config (defaults: demo provider, the test's storage) and load it."""
     def write(extra: dict[str, Any] | None = None, name: str = "gateway.yaml") -> config_mod.Config:
-        base = {"storage": f"sqlite:///{tmp_path / 'gateway.db'}",
+        base = {"storage": storage_url,
                 "providers": {"demo": {"type": "demo"}},
                 "models": {"chat": list(DEMO_MODELS)}}
         data = deep_merge(base, extra or {})
@@ -100,23 +122,6 @@ def start_gateway(aiohttp_server, write_config):
 @pytest.fixture
 async def gw(start_gateway):
     return await start_gateway()
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    """One real redis-server for the session (skipped locally if not installed)."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def redis_url(redis_server):
-    """The session's Redis, emptied for this test."""
-    import redis
-    with redis.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    return redis_server.url
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -14,6 +14,8 @@ from plugins.storage import HoldRequest, Settlement
 from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
 
+ENGINES = ("sqlite", "postgresql")     # every money test runs on both storage engines
+
 HI = [{"role": "user", "content": "hi"}]          # 2 characters -> 1 input token estimated
 
 

@@ -12,6 +12,8 @@ from plugins.router import heuristic
 from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
 from tests.fakes import Reply
 
+ENGINES = ("sqlite", "postgresql")     # every money test runs on both storage engines
+
 DAY = 86400
 NOON = 20_000 * DAY + DAY // 2          # a fixed UTC noon
 HI = [{"role": "user", "content": "hi"}]     # 1 input token estimated

@@ -36,8 +36,8 @@ async def test_sigterm_to_the_parent_stops_every_worker_after_in_flight_streams(
     assert text.endswith("to get real answers.")                       # the in-flight stream finished
     assert await asyncio.to_thread(c.procs[0].wait, 40) == 0
     assert all(gone(pid) for pid in children)
-    assert c.scalar("SELECT COUNT(*) FROM holds WHERE status = 'open'") == 0
-    balance, ledger = c.money(account)
+    assert await c.scalar("SELECT COUNT(*) FROM holds WHERE status = 'open'") == 0
+    balance, ledger = await c.money(account)
     assert 0 < balance < 1_000_000 and balance == ledger
 
 
@@ -73,7 +73,7 @@ async def test_the_kernel_spreads_connections_over_the_workers(tmp_path):
             await client.chat.completions.create(model="demo/echo", max_tokens=5,
                                                  messages=[{"role": "user", "content": "hi"}])
         # call ids start with a random per-process prefix
-        assert c.scalar("SELECT COUNT(DISTINCT substr(call_id, 1, 12)) FROM usage WHERE account_id = ?",
+        assert await c.scalar("SELECT COUNT(DISTINCT substr(call_id, 1, 12)) FROM usage WHERE account_id = ?",
                         (account,)) == 2
     finally:
         await c.stop()

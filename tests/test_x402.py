@@ -23,6 +23,8 @@ from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
 from tests.fakes import Reply
 from tests.fakes.facilitator import FakeFacilitator
 
+ENGINES = ("sqlite", "postgresql")     # every money test runs on both storage engines
+
 NETWORK = "eip155:84532"
 USDC = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
 DISC = "0x1111111111111111111111111111111111111111"

@@ -21,7 +21,7 @@ from .records import (
     USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
     UnfinishedPayment, UsageRow, crashed_usage,
 )
-from .sqlite_schema import MIGRATIONS
+from .schema import migrations
 
 T = TypeVar("T")
 USAGE_INSERT = (f"INSERT OR IGNORE INTO usage ({', '.join(USAGE_FIELDS)}) "
@@ -409,12 +409,12 @@ class SQLiteStorage:
         self.allowance, self.payments = SQLiteAllowance(db), SQLitePayments(db, instance_id, lease_seconds)
 
     @classmethod
-    async def open(cls, path: str, migrations: list[tuple[str, Any]], instance_id: str,
+    async def open(cls, path: str, plugin_steps: list[tuple[str, Any]], instance_id: str,
                    lease_seconds: int) -> "SQLiteStorage":
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         db = Engine(path)
-        await db.open(MIGRATIONS + for_engine(migrations, "sqlite"))
+        await db.open(migrations("sqlite") + for_engine(plugin_steps, "sqlite"))
         return cls(db, instance_id, lease_seconds)
 
     async def fetchone(self, sql: str, params: tuple = ()):

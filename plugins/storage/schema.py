@@ -1,54 +1,55 @@
-"""The built-in schema on SQLite, as numbered migrations (the PostgreSQL backend has the
-same names). Names sort into order; each runs once per database."""
+"""The built-in schema as numbered migrations, the same on every engine: names sort into
+order and each runs once per database. Money and times are 64-bit integers; the one
+difference between engines is how a table gets generated ids (`{id}`)."""
 
 CORE = """
 CREATE TABLE accounts (
-    id INTEGER PRIMARY KEY,
+    id {id},
     name TEXT,
-    balance_micro INTEGER NOT NULL DEFAULT 0 CHECK (balance_micro >= 0),
-    created_at INTEGER NOT NULL
+    balance_micro BIGINT NOT NULL DEFAULT 0 CHECK (balance_micro >= 0),
+    created_at BIGINT NOT NULL
 );
 CREATE TABLE api_keys (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
     hash TEXT NOT NULL UNIQUE,          -- sha256 of the whole key; the key itself is never stored
     prefix TEXT NOT NULL,               -- first characters, for display only
     name TEXT,
-    agent_id INTEGER,
-    created_at INTEGER NOT NULL,
-    revoked_at INTEGER
+    agent_id BIGINT,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT
 );
 -- Append-only: the balance is the sum of an account's entries (cached in accounts).
 CREATE TABLE ledger (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    amount_micro INTEGER NOT NULL,
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    amount_micro BIGINT NOT NULL,
     kind TEXT NOT NULL,                 -- grant | purchase | bonus | hold | release
     ref TEXT,                           -- call id, order id, ...
-    created_at INTEGER NOT NULL
+    created_at BIGINT NOT NULL
 );
 CREATE INDEX ledger_by_account ON ledger(account_id);
 CREATE INDEX ledger_by_ref ON ledger(ref);
 CREATE TABLE holds (
     call_id TEXT PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    amount_micro INTEGER NOT NULL,
-    charge_micro INTEGER,
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    amount_micro BIGINT NOT NULL,
+    charge_micro BIGINT,
     status TEXT NOT NULL,               -- open | settled | released
-    created_at INTEGER NOT NULL,
-    settled_at INTEGER
+    created_at BIGINT NOT NULL,
+    settled_at BIGINT
 );
 CREATE INDEX holds_open ON holds(status) WHERE status = 'open';
 """
 
 FREE_ALLOWANCE = """
 CREATE TABLE free_usage (
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
     day TEXT NOT NULL,                  -- UTC date
-    used_micro INTEGER NOT NULL DEFAULT 0,
+    used_micro BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (account_id, day)
 );
-ALTER TABLE holds ADD COLUMN free_micro INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE holds ADD COLUMN free_micro BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE holds ADD COLUMN free_day TEXT;
 """
 
@@ -56,9 +57,9 @@ ALTER TABLE holds ADD COLUMN free_day TEXT;
 # Holds from before this step have no owner and lease 0, so they count as expired.
 HOLD_LEASES = """
 ALTER TABLE holds ADD COLUMN owner TEXT;
-ALTER TABLE holds ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE holds ADD COLUMN key_id INTEGER;
-ALTER TABLE holds ADD COLUMN agent_id INTEGER;
+ALTER TABLE holds ADD COLUMN lease_until BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE holds ADD COLUMN key_id BIGINT;
+ALTER TABLE holds ADD COLUMN agent_id BIGINT;
 ALTER TABLE holds ADD COLUMN endpoint TEXT;
 ALTER TABLE holds ADD COLUMN requested_model TEXT;
 ALTER TABLE holds ADD COLUMN model TEXT;
@@ -67,22 +68,22 @@ CREATE INDEX holds_open_by_owner ON holds(owner, lease_until) WHERE status = 'op
 
 USAGE = """
 CREATE TABLE usage (
-    id INTEGER PRIMARY KEY,
+    id {id},
     call_id TEXT NOT NULL UNIQUE,
-    account_id INTEGER,
-    key_id INTEGER,
-    agent_id INTEGER,
+    account_id BIGINT,
+    key_id BIGINT,
+    agent_id BIGINT,
     endpoint TEXT NOT NULL,
     requested_model TEXT,
     model TEXT,
-    input_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    usd_micro INTEGER NOT NULL DEFAULT 0,
+    input_tokens BIGINT NOT NULL DEFAULT 0,
+    output_tokens BIGINT NOT NULL DEFAULT 0,
+    usd_micro BIGINT NOT NULL DEFAULT 0,
     status INTEGER,
     outcome TEXT,
-    latency_ms INTEGER,
+    latency_ms BIGINT,
     billing TEXT,
-    created_at INTEGER NOT NULL
+    created_at BIGINT NOT NULL
 );
 CREATE INDEX usage_by_account ON usage(account_id, id);
 """
@@ -94,13 +95,13 @@ CREATE TABLE x402_payments (
     asset TEXT NOT NULL,
     payer TEXT,
     amount TEXT NOT NULL,              -- atomic units, as paid
-    usd_micro INTEGER NOT NULL,        -- what that amount is worth
+    usd_micro BIGINT NOT NULL,        -- what that amount is worth
     ref TEXT NOT NULL,                 -- call id or order id
     status TEXT NOT NULL,              -- claimed | settled | settle_failed | unused
     tx TEXT,
     reason TEXT,
-    created_at INTEGER NOT NULL,
-    settled_at INTEGER
+    created_at BIGINT NOT NULL,
+    settled_at BIGINT
 );
 """
 
@@ -119,26 +120,29 @@ CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHER
 CREDIT_ORDERS = """
 CREATE TABLE credit_orders (
     id TEXT PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    usd_micro INTEGER NOT NULL,
-    bonus_micro INTEGER NOT NULL,
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
+    usd_micro BIGINT NOT NULL,
+    bonus_micro BIGINT NOT NULL,
     claim_key TEXT NOT NULL UNIQUE,     -- the payment: one order per payment, ever
     tx TEXT,
-    created_at INTEGER NOT NULL
+    created_at BIGINT NOT NULL
 );
 """
 
 AGENTS = """
 CREATE TABLE agents (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
+    id {id},
+    account_id BIGINT NOT NULL REFERENCES accounts(id),
     name TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
+    created_at BIGINT NOT NULL,
     UNIQUE (account_id, name)
 );
 """
 
-MIGRATIONS = [
+ID = {"sqlite": "INTEGER PRIMARY KEY",          # an alias of the rowid
+      "postgresql": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"}
+
+STEPS = [
     ("0001_core", CORE),
     ("0002_free_allowance", FREE_ALLOWANCE),
     ("0003_hold_leases", HOLD_LEASES),
@@ -148,3 +152,7 @@ MIGRATIONS = [
     ("0220_agents", AGENTS),
     ("0230_x402_recovery", X402_RECOVERY),
 ]
+
+
+def migrations(engine: str) -> list[tuple[str, str]]:
+    return [(name, sql.replace("{id}", ID[engine])) for name, sql in STEPS]
