@@ -25,7 +25,7 @@ from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
-from plugins.errors import GatewayError
+from plugins.errors import GatewayError, StartupError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
@@ -277,8 +277,12 @@ def cmd_run(args) -> int:
     log.info("starting", host=host, port=port, config=cfg.path, storage=config_mod.redact_url(cfg.storage_url),
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, reuse_port=workers.is_worker(),
-                shutdown_timeout=30, access_log=None, handle_signals=True)
+    try:
+        web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, reuse_port=workers.is_worker(),
+                    shutdown_timeout=30, access_log=None, handle_signals=True)
+    except StartupError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -48,3 +48,8 @@ class GatewayError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, message, param=param, code=code)
+
+
+class StartupError(Exception):
+    """Something the gateway needs is not there at start (e.g. Redis unreachable): the
+    message says what and what to do; `gateway run` prints it and exits 1, no traceback."""

@@ -16,9 +16,10 @@ import redis.asyncio as aioredis
 import structlog
 from aiohttp import web
 
-from config import ConfigError
+from config import ConfigError, redact_url
 
 from . import hookimpl
+from .errors import StartupError
 
 REDIS = web.AppKey("redis", aioredis.Redis)
 REDIS_URL = web.AppKey("redis_url", str)
@@ -39,14 +40,6 @@ def redis_url(config) -> str | None:
     return url
 
 
-def shown(url: str) -> str:
-    """The URL without its password, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
-    return url
-
-
 @hookimpl(tryfirst=True)      # before the plugins whose start-up uses the connection
 def gateway_configure(app, config):
     url = redis_url(config)
@@ -64,9 +57,9 @@ async def _connect(app: web.Application):
         await client.ping()
     except (aioredis.RedisError, OSError) as exc:
         await client.aclose()
-        raise RuntimeError(f"redis: cannot reach {shown(url)}: {exc}; start Redis or remove `redis:` "
+        raise StartupError(f"redis: cannot reach {redact_url(url)}: {exc}; start Redis or remove `redis:` "
                            "from the config") from None
     app[REDIS] = client
-    log.info("redis_connected", url=shown(url))
+    log.info("redis_connected", url=redact_url(url))
     yield
     await client.aclose()
