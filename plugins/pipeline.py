@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from . import acall_all, acall_first, around
-from .appstate import PM, spawn
+from .appstate import PM, REQUEST_ID, spawn
 from .context import OK, CallContext, new_id
 from .errors import GatewayError, bad_request
 from .formats.base import ClientFormat, read_json
@@ -43,7 +43,7 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
                 return await serve(ctx)
     except GatewayError as err:
         log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
-        return fmt.error_response(err)
+        return fmt.error_response(err, request.get(REQUEST_ID))
 
 
 async def run_stages(ctx: CallContext) -> None:

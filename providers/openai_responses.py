@@ -116,7 +116,8 @@ def usage_from_responses(u: dict[str, Any] | None) -> Usage | None:
 
 def usage_body(u: Usage | None) -> dict[str, Any]:
     u = u or Usage()
-    return {"input_tokens": u.input_tokens, "input_tokens_details": {"cached_tokens": u.cache_read_tokens},
+    return {"input_tokens": u.input_tokens,
+            "input_tokens_details": {"cached_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens},
             "output_tokens": u.output_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.total_tokens}
 

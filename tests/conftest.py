@@ -15,7 +15,7 @@ import config as config_mod
 from gateway import create_app
 from plugins.accounts import create_account
 from plugins.appstate import STORE
-from tests.fakes import FakeAnthropic, FakeOpenAIChat
+from tests.fakes import FakeAnthropic, FakeGemini, FakeOpenAIChat, FakeOpenAIResponses
 from tests.servers import postgres_server, postgres_url, redis_server, redis_url  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +174,27 @@ def anthropic_upstream(fake: FakeAnthropic, **provider) -> dict:
             "models": {"chat": DEMO_MODELS + [
                 {"id": "up/claude", "provider": "up-anthropic", "upstream": "claude-sonnet-4-5", "tools": True,
                  **UPSTREAM_PRICES}]}}
+
+
+# Every remote chat upstream kind: name -> (fake class, provider settings from the fake's URL, upstream model id)
+UPSTREAMS = {
+    "openai": (FakeOpenAIChat, lambda u: {"type": "openai", "base_url": f"{u}/v1", "api_key": "sk-test-upstream"},
+               "gpt-4o-mini"),
+    "anthropic": (FakeAnthropic, lambda u: {"type": "anthropic", "base_url": u, "api_key": "sk-ant-test-upstream"},
+                  "claude-sonnet-4-5"),
+    "gemini": (FakeGemini, lambda u: {"type": "gemini", "base_url": u, "api_key": "gemini-test-key"},
+               "gemini-2.5-flash"),
+    "openai_responses": (FakeOpenAIResponses, lambda u: {"type": "openai_responses", "base_url": f"{u}/v1",
+                                                         "api_key": "sk-test-upstream"}, "gpt-5-mini"),
+}
+
+
+async def gateway_over(kind: str, aiohttp_server, start_gateway):
+    """A gateway whose `up/model` is served by a fresh fake of upstream `kind` -> (fake, gateway)."""
+    fake_class, settings, upstream_id = UPSTREAMS[kind]
+    fake = fake_class()
+    server = await aiohttp_server(fake.app)
+    gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
+                              "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
+                                                                 "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+    return fake, gw

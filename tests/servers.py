@@ -118,6 +118,15 @@ class PostgresServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _user_exists(name: str) -> bool:
+    import pwd
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
 def postgres_bindir() -> str | None:
     initdb = find_binary("initdb", ["/usr/lib/postgresql/*/bin/initdb"])
     return str(Path(initdb).resolve().parent) if initdb else None
@@ -127,7 +136,7 @@ def postgres_bindir() -> str | None:
 def postgres_server():
     """One PostgreSQL server for the whole session (skips or fails if not installed)."""
     bindir = postgres_bindir()
-    if bindir is None:
+    if bindir is None or (os.geteuid() == 0 and not _user_exists("postgres")):
         unavailable("PostgreSQL", "postgresql")
     server = PostgresServer(bindir).start()
     try:

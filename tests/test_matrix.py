@@ -13,24 +13,13 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
-from tests.fakes import FakeAnthropic, FakeGemini, FakeOpenAIChat, FakeOpenAIResponses, Reply, ToolCallSpec
+from tests.conftest import MICRO, UPSTREAMS, gateway_over
+from tests.fakes import Reply, ToolCallSpec
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 SYSTEM, PROMPT = "Answer briefly.", "What is in this picture?"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CITIES = [{"city": "Paris"}, {"city": "Oslo"}]
-
-UPSTREAMS = {   # name -> (fake class, provider settings from the fake's URL, upstream model id)
-    "openai": (FakeOpenAIChat, lambda u: {"type": "openai", "base_url": f"{u}/v1", "api_key": "sk-test-upstream"},
-               "gpt-4o-mini"),
-    "anthropic": (FakeAnthropic, lambda u: {"type": "anthropic", "base_url": u, "api_key": "sk-ant-test-upstream"},
-                  "claude-sonnet-4-5"),
-    "gemini": (FakeGemini, lambda u: {"type": "gemini", "base_url": u, "api_key": "gemini-test-key"},
-               "gemini-2.5-flash"),
-    "openai_responses": (FakeOpenAIResponses, lambda u: {"type": "openai_responses", "base_url": f"{u}/v1",
-                                                         "api_key": "sk-test-upstream"}, "gpt-5-mini"),
-}
 
 
 class ChatCompletionsClient:
@@ -151,12 +140,7 @@ END_STOP = {"chat_completions": "stop", "messages": "end_turn", "responses": "co
 
 @pytest.fixture(params=list(UPSTREAMS))
 async def upstream(request, aiohttp_server, start_gateway):
-    fake_class, settings, upstream_id = UPSTREAMS[request.param]
-    fake = fake_class()
-    server = await aiohttp_server(fake.app)
-    gw = await start_gateway({"providers": {"up": settings(str(server.make_url("")).rstrip("/"))},
-                              "models": {"chat": DEMO_MODELS + [{"id": "up/model", "provider": "up",
-                                                                 "upstream": upstream_id, **UPSTREAM_PRICES}]}})
+    fake, gw = await gateway_over(request.param, aiohttp_server, start_gateway)
     key, account = await gw.key(1)
     return request.param, fake, gw, key, account
 

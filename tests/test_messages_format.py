@@ -7,6 +7,7 @@ import aiohttp
 import anthropic
 import pytest
 
+from tests.conformance.wire import parse_sse
 from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, anthropic_upstream, openai_upstream
 from tests.conftest import upstream_cost as cost
 from tests.fakes import Reply, ToolCallSpec
@@ -107,7 +108,8 @@ async def test_unknown_ids_and_smart_are_400_in_the_messages_shape(setup, model,
     with pytest.raises(anthropic.BadRequestError) as info:
         await client.messages.create(model=model, max_tokens=10, messages=HI)
     assert info.value.body == {"type": "error", "error": {"type": "invalid_request_error",
-                                                          "message": info.value.body["error"]["message"]}}
+                                                          "message": info.value.body["error"]["message"]},
+                               "request_id": info.value.response.headers["x-request-id"]}   # as Anthropic's do
     assert words in info.value.body["error"]["message"]
     assert fake.requests == [] and await gw.balance(account) == MICRO
 
@@ -202,6 +204,18 @@ async def test_failure_mid_stream_is_an_error_event(setup):
     assert await gw.balance(account) == MICRO
 
 
+async def test_the_error_event_names_the_request_as_anthropics_do(setup):
+    gw, _, fake, _, _ = setup
+    key, _ = await gw.key(1)
+    fake.enqueue(Reply(text="a b c d e f", text_chunks=6, fail_after_events=2))
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{gw.url}/api/v1/messages", headers={"x-api-key": key},
+                          json={"model": "up/gpt", "max_tokens": 100, "stream": True, "messages": HI}) as r:
+            request_id, frames = r.headers["X-Request-Id"], parse_sse(await r.read())
+    assert frames[-1].event == "error"
+    assert json.loads(frames[-1].data)["request_id"] == request_id
+
+
 # ---- keys, limits, errors --------------------------------------------------------------
 
 async def raw_post(gw, headers, body):
@@ -234,7 +248,9 @@ async def test_402_413_and_field_errors_use_the_messages_shape(setup):
     assert status == 413 and err["error"]["type"] == "request_too_large"
     status, err = await raw_post(gw, {"x-api-key": key}, {"model": "demo/echo", "messages": HI})
     assert status == 400 and err == {"type": "error", "error": {"type": "invalid_request_error",
-                                                                "message": "max_tokens: is required"}}
+                                                                "message": "max_tokens: is required"},
+                                     "request_id": err["request_id"]}
+    assert isinstance(err["request_id"], str) and err["request_id"]
     status, err = await raw_post(gw, {"x-api-key": key}, {"model": "demo/echo", "max_tokens": 40000, "messages": HI})
     assert status == 400 and "at most 32768" in err["error"]["message"]
 

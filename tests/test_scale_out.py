@@ -70,16 +70,7 @@ async def test_rpm_50_admits_exactly_50_of_200_calls_over_four_processes(cluster
     assert balance == ledger == MICRO - await c.scalar("SELECT SUM(usd_micro) FROM usage WHERE account_id = ?", (account,))
 
 
-def postgresql_payments_pending(request) -> None:
-    """Until the PostgreSQL backend mirrors the x402 recovery (Payments.unfinished and
-    renew_leases), its gateways cannot start x402 or renew leases: say so instead of failing."""
-    from plugins.storage.postgresql import PostgresPayments
-    if "postgresql" in request.node.name and not hasattr(PostgresPayments, "unfinished"):
-        pytest.skip("the PostgreSQL backend does not yet implement Payments.unfinished / renew_leases")
-
-
-async def test_one_x402_payment_sent_to_every_process_at_once_pays_once(cluster, aiohttp_server, request):
-    postgresql_payments_pending(request)
+async def test_one_x402_payment_sent_to_every_process_at_once_pays_once(cluster, aiohttp_server):
     facilitator = FakeFacilitator()
     fac = await aiohttp_server(facilitator.app)
     c = await cluster({"payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))},
@@ -164,8 +155,7 @@ async def stream_to_end(client) -> tuple[str, dict | None]:
         return "broken", None
 
 
-async def test_kill_9_of_one_process_leaves_the_others_calls_untouched(cluster, request):
-    postgresql_payments_pending(request)
+async def test_kill_9_of_one_process_leaves_the_others_calls_untouched(cluster):
     lease = 5
     c = await cluster({"providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.1}}}, lease_seconds=lease)
     key, account = await c.key(MICRO)

@@ -198,6 +198,30 @@ async def test_a_payment_is_claimed_once_even_sent_many_times_at_once(storage):
     assert tuple(await storage.fetchone("SELECT status, tx FROM x402_payments")) == ("settled", "0xtx")
 
 
+async def test_a_dead_process_payment_is_adopted_by_exactly_one_other(url, storage):
+    claim = PaymentClaim("k1", "base", "usdc", "0xpayer", "5000", 5_000, "call-1", scheme="upto",
+                         settle_with='{"payload": 1}', deadline=2_000_000_000)
+    assert await storage.payments.claim(claim)
+    await storage.payments.owe("k1", 1200, 1_200)
+    assert await storage.payments.renew_leases() == 1
+    assert await storage.payments.unfinished() == []                  # its owner is alive
+    later = time.time() + storage.lease_seconds + 5
+    (found,) = await storage.payments.unfinished(at=later)
+    assert (found.claim_key, found.ref, found.scheme, found.due, found.deadline) == \
+        ("k1", "call-1", "upto", "1200", 2_000_000_000)
+    others = [await open_storage(url, [], instance_id=f"other-{i}") for i in range(3)]
+    try:
+        adopted = await asyncio.gather(*[o.payments.adopt("k1", at=later) for o in others])
+        assert sorted(adopted) == [False, False, True]                 # exactly one finishes it
+        await others[adopted.index(True)].payments.record("k1", "settled", "0xtx", amount=1200, usd_micro=1_200)
+    finally:
+        for o in others:
+            await o.close()
+    assert await storage.payments.unfinished(at=later + 100) == []
+    assert tuple(await storage.fetchone("SELECT status, amount, usd_micro FROM x402_payments")) == \
+        ("settled", "1200", 1_200)
+
+
 # ---- migrations -------------------------------------------------------------------------
 
 async def test_plugin_migrations_run_once_per_engine(url):

@@ -22,6 +22,8 @@ from tests.fakes.facilitator import FakeFacilitator
 from tests.fakes.replicate import FakeReplicate
 from tests.test_x402 import DISC, NETWORK, PAYEE, USDC, chains, decode, paid_row, post
 
+ENGINES = ("sqlite", "postgresql")     # every money test runs on both storage engines
+
 FACILITATOR = Account.create().address
 BODY = {"model": "up/gpt", "max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]}
 MAXIMUM = upstream_cost(1, 4000)       # 1 input token estimated + max_tokens: 16,001 micro-USD

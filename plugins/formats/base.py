@@ -163,7 +163,7 @@ class ClientFormat:
     def error_body(self, err: GatewayError) -> dict[str, Any]:
         raise NotImplementedError
 
-    def error_response(self, err: GatewayError) -> web.Response:
+    def error_response(self, err: GatewayError, request_id: str | None = None) -> web.Response:
         body = err.body if err.body is not None else self.error_body(err)
         return json_response(body, status=err.status, headers=err.headers)
 

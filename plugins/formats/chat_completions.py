@@ -3,7 +3,8 @@
 Parses the wire body into a canonical ChatRequest, and renders canonical responses and
 stream events back: `chat.completion` JSON with a `billing` block, or `data:` chunks
 with tool-call deltas indexed per call, a final usage chunk (always, whether or not the
-client asked for `stream_options`), then `data: [DONE]`. A failure after the stream
+client asked for `stream_options`; every chunk before it says `"usage": null`, as OpenAI's
+do with `include_usage`), then `data: [DONE]`. A failure after the stream
 started is sent as `data: {"error": ...}` with no [DONE], which the SDK raises.
 """
 from __future__ import annotations
@@ -224,7 +225,8 @@ class ChunkWriter(StreamWriter):
                      "created": int(time.time()), "model": ctx.route.model.id}
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                 "usage": None}
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def event(self, ev) -> bytes:

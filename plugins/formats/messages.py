@@ -12,8 +12,10 @@ import re
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from plugins import hookimpl
+from plugins.appstate import REQUEST_ID
 from plugins.context import CallContext
 from plugins.errors import GatewayError, bad_request
 from providers.anthropic import STOP_TO_ANTHROPIC
@@ -23,7 +25,7 @@ from providers.types import (
     ToolResult, Usage,
 )
 
-from .base import ClientFormat, Fields, StreamWriter, named_tool
+from .base import ClientFormat, Fields, StreamWriter, json_response, named_tool
 
 MAX_TOKENS_CAP = 32768
 KNOWN = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
@@ -176,19 +178,31 @@ class MessagesFormat(ClientFormat):
 
     def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
         if resp.raw_format == self.name and resp.raw:
-            return resp.raw                              # the provider's message, unchanged
-        usage = resp.usage or Usage()
-        return {"id": f"msg_{ctx.call_id}", "type": "message", "role": "assistant",
-                "model": ctx.route.model.id, "content": [_block(p) for p in resp.content if _renderable(p)],
-                "stop_reason": STOP_TO_ANTHROPIC.get(resp.stop_reason, "end_turn"),
-                "stop_sequence": resp.stop_sequence, "usage": usage_body(usage)}
+            return with_required_keys(resp.raw)          # the provider's message, completed
+        return message_body(ctx, [_block(p) for p in resp.content if _renderable(p)],
+                            STOP_TO_ANTHROPIC.get(resp.stop_reason, "end_turn"), resp.stop_sequence,
+                            usage_body(resp.usage or Usage()))
 
     def stream_writer(self, ctx: CallContext) -> "EventWriter":
         return EventWriter(ctx)
 
     def error_body(self, err: GatewayError) -> dict[str, Any]:
         kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": err.message}}
+        return {"type": "error", "error": {"type": kind, "message": err.message}, "request_id": None}
+
+    def error_response(self, err: GatewayError, request_id: str | None = None) -> web.Response:
+        """Anthropic's errors name the request; ours carry the gateway's request id."""
+        body = err.body if err.body is not None else {**self.error_body(err), "request_id": request_id}
+        return json_response(body, status=err.status, headers=err.headers)
+
+
+def message_body(ctx: CallContext, content: list, stop_reason: str | None, stop_sequence: str | None,
+                 usage: dict[str, Any]) -> dict[str, Any]:
+    """A Message with every key the schema requires: nothing to say about containers or
+    stop details is null, as Anthropic sends it."""
+    return {"id": f"msg_{ctx.call_id}", "type": "message", "role": "assistant", "model": ctx.route.model.id,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "stop_details": None, "container": None, "usage": usage}
 
 
 def _renderable(p) -> bool:
@@ -197,23 +211,72 @@ def _renderable(p) -> bool:
 
 def _block(p) -> dict[str, Any]:
     if isinstance(p, TextPart):
-        return {"type": "text", "text": p.text}
+        return {"type": "text", "text": p.text, "citations": None}
     if isinstance(p, ToolCall):
         try:
             args = orjson.loads(p.arguments or "{}")
         except orjson.JSONDecodeError:
             args = {"input": p.arguments}
-        return {"type": "tool_use", "id": p.id, "name": p.name, "input": args if isinstance(args, dict) else {}}
+        return tool_use_block(p.id, p.name, args if isinstance(args, dict) else {})
     if p.redacted:
         return {"type": "redacted_thinking", "data": p.redacted}
     return {"type": "thinking", "thinking": p.text, "signature": p.signature or ""}
 
 
+# Keys the published schema requires that an Anthropic upstream may leave out (older API
+# versions do): filled with the schema's default, never overriding what the upstream sent.
+MESSAGE_DEFAULTS = {"stop_details": None, "container": None}
+USAGE_DEFAULTS = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "cache_creation": None,
+                  "service_tier": None, "server_tool_use": None, "inference_geo": None}
+DELTA_USAGE_DEFAULTS = {"input_tokens": None, "cache_creation_input_tokens": None,
+                        "cache_read_input_tokens": None, "server_tool_use": None}
+BLOCK_DEFAULTS = {"text": {"citations": None}, "tool_use": {"caller": {"type": "direct"}}}
+_COMPLETED_FRAMES = (b"event: message_start", b"event: content_block_start", b"event: message_delta")
+
+
+def with_required_keys(message: dict[str, Any]) -> dict[str, Any]:
+    """An upstream Message with the schema's required keys present."""
+    return {**MESSAGE_DEFAULTS, **message, "usage": {**USAGE_DEFAULTS, **(message.get("usage") or {})},
+            "content": [_with_block_keys(b) for b in message.get("content") or []]}
+
+
+def _with_block_keys(block: dict[str, Any]) -> dict[str, Any]:
+    return {**BLOCK_DEFAULTS.get(block.get("type"), {}), **block}
+
+
+def completed_frame(frame: bytes) -> bytes:
+    """A relayed upstream frame; the three kinds that carry required keys are completed."""
+    if not frame.startswith(_COMPLETED_FRAMES):
+        return frame
+    head, _, data = frame.partition(b"\ndata: ")
+    ev = orjson.loads(data)
+    if ev.get("type") == "message_start":
+        ev["message"] = with_required_keys(ev.get("message") or {})
+    elif ev.get("type") == "content_block_start":
+        ev["content_block"] = _with_block_keys(ev.get("content_block") or {})
+    elif ev.get("type") == "message_delta":
+        ev["delta"] = {**MESSAGE_DEFAULTS, **(ev.get("delta") or {})}
+        ev["usage"] = {**DELTA_USAGE_DEFAULTS, **(ev.get("usage") or {})}
+    return head + b"\ndata: " + orjson.dumps(ev) + b"\n\n"
+
+
+def tool_use_block(call_id: str, name: str, args: dict) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": args, "caller": {"type": "direct"}}
+
+
 def usage_body(u: Usage) -> dict[str, Any]:
-    """Anthropic counts cached input apart from input_tokens."""
+    """Anthropic counts cached input apart from input_tokens. Cache writes count as the
+    default 5-minute kind; what another upstream cannot know (tier, region) is null."""
+    return {**delta_usage(u), "cache_creation": {"ephemeral_5m_input_tokens": u.cache_write_tokens,
+                                                 "ephemeral_1h_input_tokens": 0},
+            "service_tier": None, "inference_geo": None}
+
+
+def delta_usage(u: Usage) -> dict[str, Any]:
+    """The cumulative counts `message_delta` carries."""
     return {"input_tokens": max(0, u.input_tokens - u.cache_read_tokens - u.cache_write_tokens),
             "output_tokens": u.output_tokens, "cache_creation_input_tokens": u.cache_write_tokens,
-            "cache_read_input_tokens": u.cache_read_tokens}
+            "cache_read_input_tokens": u.cache_read_tokens, "server_tool_use": None}
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -251,26 +314,27 @@ class EventWriter(StreamWriter):
 
     def event(self, ev) -> bytes:
         if self.passthrough:
-            return ev.data if isinstance(ev, RawFrame) else b""
+            return completed_frame(ev.data) if isinstance(ev, RawFrame) else b""
         if isinstance(ev, TextDelta):
-            out = b"" if self.open and self.open[0] == "text" else self._start({"type": "text", "text": ""})
+            out = b"" if self.open and self.open[0] == "text" else self._start({"type": "text", "text": "",
+                                                                                  "citations": None})
             return out + self._delta(self.open[1], {"type": "text_delta", "text": ev.text})
         if isinstance(ev, ToolCallDelta):
             return self._delta(self.tool_blocks[ev.index], {"type": "input_json_delta", "partial_json": ev.arguments})
         if isinstance(ev, ToolCallStart):
-            out = self._start({"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}})
+            out = self._start(tool_use_block(ev.id, ev.name, {}))
             self.tool_blocks[ev.index] = self.open[1]
             return out
         if isinstance(ev, ReasoningDelta):
             return self._reasoning(ev)
         if isinstance(ev, StreamStart):
-            message = {"id": f"msg_{self.ctx.call_id}", "type": "message", "role": "assistant",
-                       "model": self.ctx.route.model.id, "content": [], "stop_reason": None, "stop_sequence": None,
-                       "usage": {"input_tokens": ev.input_tokens or self.ctx.hold.input_tokens, "output_tokens": 0}}
+            usage = usage_body(Usage(input_tokens=ev.input_tokens or self.ctx.hold.input_tokens))
+            message = message_body(self.ctx, [], None, None, usage)
             return sse("message_start", {"type": "message_start", "message": message}) + sse("ping", {"type": "ping"})
         if isinstance(ev, StreamEnd):
-            usage = usage_body(ev.usage or Usage())
-            delta = {"stop_reason": STOP_TO_ANTHROPIC.get(ev.stop_reason, "end_turn"), "stop_sequence": ev.stop_sequence}
+            usage = delta_usage(ev.usage or Usage())
+            delta = {"stop_reason": STOP_TO_ANTHROPIC.get(ev.stop_reason, "end_turn"), "stop_sequence": ev.stop_sequence,
+                     "stop_details": None, "container": None}
             return (self._close() + sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
                     + sse("message_stop", {"type": "message_stop"}))
         return b""
@@ -289,7 +353,8 @@ class EventWriter(StreamWriter):
 
     def error(self, err: GatewayError) -> bytes:
         kind = "overloaded_error" if "overloaded" in err.message.lower() else "api_error"
-        return sse("error", {"type": "error", "error": {"type": kind, "message": err.message}})
+        return sse("error", {"type": "error", "error": {"type": kind, "message": err.message},
+                             "request_id": self.ctx.request.get(REQUEST_ID)})
 
 
 FORMAT = MessagesFormat()

@@ -156,7 +156,7 @@ class ResponsesFormat(ClientFormat):
 
     def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
         if resp.raw_format == self.name and resp.raw:
-            return {**resp.raw, "model": ctx.route.model.id}
+            return upstream_response(resp.raw, ctx)
         output = [item for _, item in output_items(resp.content, ctx.call_id)]
         return response_object(ctx, output, resp.stop_reason, usage_body(resp.usage))
 
@@ -204,9 +204,45 @@ def reasoning_item(item_id: str, text: str, signature: str | None) -> dict[str, 
     return item
 
 
+def upstream_response(raw: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+    """An OpenAI responses upstream's answer with our model id; a null `user` (the schema
+    says string) is left out, and usage gets the cache counts the schema requires."""
+    body = {k: v for k, v in raw.items() if not (k == "user" and v is None)}
+    body["model"] = ctx.route.model.id
+    if isinstance(body.get("usage"), dict):
+        details = {"cached_tokens": 0, "cache_write_tokens": 0, **(body["usage"].get("input_tokens_details") or {})}
+        body["usage"] = {**body["usage"], "input_tokens_details": details}
+    return body
+
+
+def echoed_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings as OpenAI echoes them in the response object, defaults filled."""
+    tools = [{"description": None, "parameters": None, "strict": True, **t} if t.get("type") == "function" else t
+             for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") in ("function", "custom")]
+    return {"instructions": body.get("instructions"), "tools": tools,
+            "tool_choice": body.get("tool_choice") or "auto",
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+            "metadata": body.get("metadata") or {}}
+
+
+# ResponseErrorCode values a failure can map to; anything else is a server_error.
+ERROR_CODES = {"server_error", "rate_limit_exceeded", "invalid_prompt"}
+
+
+def failure(err: GatewayError) -> dict[str, str]:
+    """The `error` of a failed response, with a code from the schema's enum."""
+    code = err.code if err.code in ERROR_CODES else "rate_limit_exceeded" if err.status == 429 else "server_error"
+    return {"code": code, "message": err.message}
+
+
 def response_object(ctx: CallContext, output: list, stop: str | None, usage: dict | None,
                     error: dict | None = None) -> dict[str, Any]:
-    req = ctx.chat
+    """The response object. While in progress and when failed, usage is null: OpenAI sends
+    it so, though the schema says object."""
     status, incomplete = "completed", None
     if error is not None:
         status = "failed"
@@ -215,15 +251,9 @@ def response_object(ctx: CallContext, output: list, stop: str | None, usage: dic
     elif stop in (MAX_TOKENS, CONTENT_FILTER):
         status = "incomplete"
         incomplete = {"reason": "max_output_tokens" if stop == MAX_TOKENS else "content_filter"}
-    tc = req.tool_choice
-    return {"id": f"resp_{ctx.call_id}", "object": "response",
-            "created_at": ctx.created_at, "status": status,
-            "error": error, "incomplete_details": incomplete, "instructions": None,
-            "max_output_tokens": req.max_tokens, "model": ctx.route.model.id, "output": output,
-            "parallel_tool_calls": tc.parallel is not False if tc else True, "previous_response_id": None,
-            "store": False, "temperature": req.temperature, "top_p": req.top_p,
-            "tool_choice": (tc.mode if tc.mode != "tool" else {"type": "function", "name": tc.name}) if tc else "auto",
-            "tools": [], "text": {"format": {"type": "text"}}, "usage": usage, "metadata": {}}
+    return {"id": f"resp_{ctx.call_id}", "object": "response", "created_at": ctx.created_at, "status": status,
+            "error": error, "incomplete_details": incomplete, "model": ctx.route.model.id, "output": output,
+            "previous_response_id": None, "store": False, **echoed_settings(ctx.chat.raw or {}), "usage": usage}
 
 
 class ResponseEventWriter(StreamWriter):
@@ -253,10 +283,11 @@ class ResponseEventWriter(StreamWriter):
             out = b""
             if self.open_text is None:
                 out = self._close_reasoning()
-                self.open_text, added = self._add(message_item(f"msg_{self.ctx.call_id}_{len(self.items)}", "",
-                                                               "in_progress"))
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                out += added + self._ev("response.content_part.added", item_id=self.items[self.open_text]["id"],
+                item = message_item(f"msg_{self.ctx.call_id}_{len(self.items)}", "", "in_progress")
+                part = item["content"].pop()         # the item is announced empty; its part follows
+                self.open_text, added = self._add(item)
+                item["content"].append(part)
+                out += added + self._ev("response.content_part.added", item_id=item["id"],
                                         output_index=self.open_text, content_index=0, part=part)
             item = self.items[self.open_text]
             item["content"][0]["text"] += ev.text
@@ -341,11 +372,11 @@ class ResponseEventWriter(StreamWriter):
                             input=item["input"])
         else:
             done = self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            arguments=item["arguments"])
+                            name=item["name"], arguments=item["arguments"])
         return done + self._ev("response.output_item.done", output_index=index, item=item)
 
     def error(self, err: GatewayError) -> bytes:
-        error = {"code": err.code or "server_error", "message": err.message}
+        error = failure(err)
         return (self._ev("error", code=error["code"], message=err.message, param=None)
                 + self._ev("response.failed", response=response_object(self.ctx, self.items, None, None, error)))
 

@@ -26,8 +26,8 @@ from .records import (
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now", "new_instance_id",
-           "DEFAULT_LEASE_SECONDS", "CRASHED"]
+           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now",
+           "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
 

@@ -17,7 +17,7 @@ import asyncpg
 from . import for_engine, now, statements
 from .records import (
     USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UsageRow, crashed_usage,
+    UnfinishedPayment, UsageRow, crashed_usage,
 )
 from .schema import migrations
 
@@ -271,21 +271,48 @@ class PostgresAllowance:
 
 
 class PostgresPayments:
-    def __init__(self, pool: asyncpg.Pool):
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool, instance_id: str, lease_seconds: int):
+        self._pool, self._owner, self._lease = pool, instance_id, lease_seconds
 
     async def is_claimed(self, claim_key: str) -> bool:
         return await self._pool.fetchval("SELECT 1 FROM x402_payments WHERE claim_key = $1", claim_key) is not None
 
     async def claim(self, c: PaymentClaim) -> bool:
         return _changed(await self._pool.execute(
-            "INSERT INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, ref, status, created_at) "
-            "VALUES ($1,$2,$3,$4,$5,$6,$7,'claimed',$8) ON CONFLICT (claim_key) DO NOTHING",
-            c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now())) == 1
+            "INSERT INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, ref, status, created_at, "
+            "scheme, settle_with, deadline, owner, lease_until) VALUES ($1,$2,$3,$4,$5,$6,$7,'claimed',$8,$9,$10,$11,"
+            "$12,$13) ON CONFLICT (claim_key) DO NOTHING", c.claim_key, c.network, c.asset, c.payer, c.amount,
+            c.usd_micro, c.ref, now(), c.scheme, c.settle_with, c.deadline, self._owner, now() + self._lease)) == 1
 
-    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None) -> None:
-        await self._pool.execute("UPDATE x402_payments SET status = $1, tx = $2, reason = $3, settled_at = $4 "
-                                 "WHERE claim_key = $5", status, tx, reason, now(), claim_key)
+    async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
+        await self._pool.execute("UPDATE x402_payments SET status = 'settling', due = $1, usd_micro = $2 "
+                                 "WHERE claim_key = $3 AND status = 'claimed'", str(amount), usd_micro, claim_key)
+
+    async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
+                     amount: int | None = None, usd_micro: int | None = None) -> None:
+        await self._pool.execute(
+            "UPDATE x402_payments SET status = $1, tx = $2, reason = $3, settled_at = $4, "
+            "amount = COALESCE($5, amount), usd_micro = COALESCE($6, usd_micro) WHERE claim_key = $7",
+            status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key)
+
+    async def renew_leases(self) -> int:
+        return _changed(await self._pool.execute(
+            "UPDATE x402_payments SET lease_until = $1 WHERE owner = $2 AND status IN ('claimed', 'settling')",
+            now() + self._lease, self._owner))
+
+    async def unfinished(self, at: float | None = None) -> list[UnfinishedPayment]:
+        at = int(time.time() if at is None else at)
+        rows = await self._pool.fetch("SELECT claim_key, ref, scheme, settle_with, deadline, due FROM x402_payments "
+                                      "WHERE status IN ('claimed', 'settling') AND settle_with IS NOT NULL "
+                                      "AND lease_until < $1", at)
+        return [UnfinishedPayment(*r) for r in rows]
+
+    async def adopt(self, claim_key: str, at: float | None = None) -> bool:
+        at = int(time.time() if at is None else at)
+        return _changed(await self._pool.execute(
+            "UPDATE x402_payments SET owner = $1, lease_until = $2 WHERE claim_key = $3 "
+            "AND status IN ('claimed', 'settling') AND lease_until < $4", self._owner, at + self._lease, claim_key,
+            at)) == 1
 
 
 class PostgresStorage:
@@ -296,7 +323,7 @@ class PostgresStorage:
         self.instance_id, self.lease_seconds = instance_id, lease_seconds
         self.ledger = PostgresLedger(pool, instance_id, lease_seconds)
         self.keys, self.usage, self.agents = PostgresKeys(pool), PostgresUsage(pool), PostgresAgents(pool)
-        self.allowance, self.payments = PostgresAllowance(pool), PostgresPayments(pool)
+        self.allowance, self.payments = PostgresAllowance(pool), PostgresPayments(pool, instance_id, lease_seconds)
 
     @classmethod
     async def open(cls, dsn: str, plugin_steps: list[tuple[str, Any]], instance_id: str,

@@ -110,10 +110,10 @@ CREATE TABLE x402_payments (
 X402_RECOVERY = """
 ALTER TABLE x402_payments ADD COLUMN scheme TEXT NOT NULL DEFAULT 'exact';
 ALTER TABLE x402_payments ADD COLUMN settle_with TEXT;
-ALTER TABLE x402_payments ADD COLUMN deadline INTEGER;
+ALTER TABLE x402_payments ADD COLUMN deadline BIGINT;
 ALTER TABLE x402_payments ADD COLUMN due TEXT;
 ALTER TABLE x402_payments ADD COLUMN owner TEXT;
-ALTER TABLE x402_payments ADD COLUMN lease_until INTEGER;
+ALTER TABLE x402_payments ADD COLUMN lease_until BIGINT;
 CREATE INDEX x402_payments_unfinished ON x402_payments(status, lease_until) WHERE settle_with IS NOT NULL;
 """
 
