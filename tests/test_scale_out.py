@@ -99,8 +99,8 @@ async def test_the_free_allowance_spent_from_four_processes_is_never_overspent(c
     clients = c.clients(key)
     statuses = await asyncio.gather(*[
         status_of(clients[i % len(clients)].chat.completions.create(model="demo/flat", messages=HI, max_tokens=5))
-        for i in range(200)])
-    assert statuses.count(200) == 10 and statuses.count(402) == 190
+        for i in range(100)])
+    assert statuses.count(200) == 10 and statuses.count(402) == 90
     assert await c.scalar("SELECT SUM(used_micro) FROM free_usage WHERE account_id = ?", (account,)) == 10 * FLAT_MICRO
     assert await c.money(account) == (0, 0)
 
