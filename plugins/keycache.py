@@ -75,23 +75,24 @@ class KeyCache:
             except (RedisError, OSError) as exc:     # the others fall back to the 1 s expiry
                 log.warning("key_change_not_published", error=str(exc))
 
-    async def listen(self) -> None:
-        """Follow the change channel until cancelled, resubscribing after any failure."""
-        while True:
+    async def listen(self, stopping: asyncio.Event) -> None:
+        """Follow the change channel until `stopping` is set, resubscribing after any failure.
+        (The client may turn a cancellation into a connection error, so the event, not the
+        cancellation alone, ends the loop.)"""
+        while not stopping.is_set():
             try:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(CHANNEL)
-                    await self._follow(pubsub)
-            except asyncio.CancelledError:
-                raise
+                    await self._follow(pubsub, stopping)
             except (RedisError, OSError) as exc:
                 self.live_until = 0.0
-                log.warning("key_changes_unsubscribed", error=str(exc))
-                await asyncio.sleep(0.2)
+                if not stopping.is_set():
+                    log.warning("key_changes_unsubscribed", error=str(exc))
+                    await asyncio.sleep(0.2)
 
-    async def _follow(self, pubsub) -> None:
+    async def _follow(self, pubsub, stopping: asyncio.Event) -> None:
         next_ping = 0.0
-        while True:
+        while not stopping.is_set():
             now = self.clock()
             if now >= next_ping:
                 await pubsub.ping()
@@ -121,7 +122,9 @@ async def _subscription(app: web.Application):
         return
     cache = app[KEYCACHE]
     cache.redis = app[REDIS]
-    task = asyncio.get_running_loop().create_task(cache.listen())
+    stopping = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(cache.listen(stopping))
     yield
+    stopping.set()
     task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait([task], timeout=2)     # never hold up the shutdown for it
