@@ -18,6 +18,7 @@ import openai
 import yaml
 
 from plugins import get_plugin_manager
+from plugins.accounts import create_account
 from plugins.storage import collect_migrations, open_storage
 from tests.servers import free_port, stop_process
 
@@ -117,21 +118,20 @@ class Cluster:
 
     # ---- operator ------------------------------------------------------------------
 
+    async def storage(self):
+        """The shared database, opened in the test process as the operator's tools open it."""
+        if self._storage is None:
+            self._storage = await open_storage(self.storage_url, collect_migrations(get_plugin_manager()))
+        return self._storage
+
     async def key(self, credits_micro: int) -> tuple[str, int]:
-        """A new account with that many micro-USD of credits -> (key, account id), by the CLI."""
-        proc = await asyncio.create_subprocess_exec(
-            *GATEWAY, "keys", "create", "--config", str(self.config), "--credits", f"{credits_micro / MICRO:.6f}",
-            cwd=self.folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await proc.communicate()
-        assert proc.returncode == 0, err.decode()
-        lines = out.decode().split()
-        return lines[-1], int(lines[1])
+        """A new account with that many micro-USD of credits -> (key, account id)."""
+        account_id, key = await create_account(await self.storage(), "test", credits_micro)
+        return key, account_id
 
     async def scalar(self, sql: str, params: tuple = ()):
         """One value from the shared database (`?` placeholders on every engine)."""
-        if self._storage is None:
-            self._storage = await open_storage(self.storage_url, collect_migrations(get_plugin_manager()))
-        row = await self._storage.fetchone(sql, params)
+        row = await (await self.storage()).fetchone(sql, params)
         return row[0] if row is not None else None
 
     async def money(self, account_id: int) -> tuple[int, int]:
@@ -142,8 +142,7 @@ class Cluster:
 
     async def open_holds_by_pid(self) -> dict[int, set[str]]:
         """Open holds (call ids) by the pid of the process that owns them (owner: host:pid:random)."""
-        await self.scalar("SELECT 1")
-        rows = await self._storage.fetchall("SELECT owner, call_id FROM holds WHERE status = 'open'")
+        rows = await (await self.storage()).fetchall("SELECT owner, call_id FROM holds WHERE status = 'open'")
         out: dict[int, set[str]] = {}
         for owner, call_id in rows:
             out.setdefault(int(owner.split(":")[-2]), set()).add(call_id)
