@@ -184,14 +184,18 @@ def scale_out(stores: list[str], up: int, levels, seconds: float) -> dict[str, d
     for store in stores:
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
         servers, extra, core, storage, redis = [], [], SERVER_CORE, None, None
-        if store == "postgresql+redis":
+        parts = store.split("+")                     # e.g. postgresql+redis, sqlite+redis, sqlite-workers2
+        if "postgresql" in parts:
             pg = PostgresServer(postgres_bindir()).start()
+            servers.append(pg)
+            storage = pg.url()
+            pin(_pg_pid(pg))                         # the databases share the load generator's core
+        if "redis" in parts:
             rs = RedisServer(work)
-            servers += [pg, rs]
-            for pid in (rs.proc.pid, _pg_pid(pg)):  # the databases share the load generator's core
-                subprocess.run(["taskset", "-a", "-p", "-c", LOAD_CORE, str(pid)], capture_output=True)
-            storage, redis = pg.url(), rs.url
-        elif store == "sqlite-workers2":
+            servers.append(rs)
+            redis = rs.url
+            pin(rs.proc.pid)
+        if store.endswith("-workers2"):
             extra, core = ["--workers", "2"], f"{SERVER_CORE},{LOAD_CORE}"
         print(f"gateway on {store}", file=sys.stderr)
         proc = None
@@ -205,6 +209,10 @@ def scale_out(stores: list[str], up: int, levels, seconds: float) -> dict[str, d
             for server in servers:
                 server.stop()
     return out
+
+
+def pin(pid: int) -> None:
+    subprocess.run(["taskset", "-a", "-p", "-c", LOAD_CORE, str(pid)], capture_output=True)
 
 
 def _pg_pid(pg) -> int:
@@ -260,7 +268,8 @@ def main() -> int:
     p.add_argument("--soak", type=int, default=100_000, help="requests for the memory soak (0 to skip)")
     p.add_argument("--lanes", default="1,2,3,4,5", help="which lanes to run")
     p.add_argument("--stores", default="postgresql+redis,sqlite-workers2",
-                   help="scale-out stores for lanes 1 and 2 ('' to skip): postgresql+redis, sqlite-workers2")
+                   help="scale-out stores for lanes 1 and 2 ('' to skip): postgresql+redis, sqlite-workers2, "
+                        "sqlite+redis, postgresql")
     args = p.parse_args()
     if not shutil.which("wrk") or not shutil.which("taskset"):
         print("bench: needs wrk and taskset (Debian: apt-get install wrk util-linux)", file=sys.stderr)
