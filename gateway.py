@@ -29,6 +29,7 @@ from plugins.errors import GatewayError, StartupError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
@@ -278,8 +279,7 @@ def cmd_run(args) -> int:
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
-        web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, reuse_port=workers.is_worker(),
-                    shutdown_timeout=30, access_log=None, handle_signals=True)
+        asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))
     except StartupError as err:
         print(f"gateway: {err}", file=sys.stderr)
         return 1

@@ -66,6 +66,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     public_url: str = ""
+    request_timeout_seconds: float = 30.0    # a request body must arrive within this (408)
+    keepalive_seconds: float = 10.0          # idle connections, and request headers, within this
+    max_connections: int = 10_000            # one more is refused with a 503
 
 
 @dataclass
@@ -252,6 +255,12 @@ def _build(file: str, raw: dict, unset: dict[str, str]) -> Config:
     else:
         server.port = port
     server.public_url = str(server_raw.get("public_url") or f"http://{server.host}:{server.port}").rstrip("/")
+    for name in ("request_timeout_seconds", "keepalive_seconds", "max_connections"):
+        value = server_raw.get(name, getattr(server, name))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            c.fail(f"server.{name}", f"expected a positive number, got {value!r}")
+        else:
+            setattr(server, name, int(value) if name == "max_connections" else float(value))
 
     storage_url = raw.get("storage", "sqlite:///gateway.db")
     if not isinstance(storage_url, str) or not storage_url.startswith(("sqlite:///", "postgresql://", "postgres://")):

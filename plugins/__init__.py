@@ -29,6 +29,7 @@ DEFAULT_PLUGINS = (
     "plugins.formats.messages",
     "plugins.formats.responses",
     "plugins.auth",
+    "plugins.keypolicy",
     "plugins.admission",
     "plugins.ratelimit",
     "plugins.moderation",
@@ -49,6 +50,9 @@ DEFAULT_PLUGINS = (
     "plugins.media",
     "plugins.media.artifacts",
     "plugins.cors",
+    "plugins.admin",
+    "plugins.admin.cli",
+    "plugins.dashboard",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.

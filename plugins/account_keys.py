@@ -1,6 +1,7 @@
 """Account self-service for keys, with the account's own key:
 
-- `GET /api/v1/account/keys`: the account's keys (never another account's), newest first;
+- `GET /api/v1/account/keys`: the account's keys (never another account's), newest first,
+  each as the admin API shows it (prefix, name, created, revoked, last used, spend, policy);
 - `POST /api/v1/account/keys {"name": "ci"}`: another key for the same account, shown once;
 - `DELETE /api/v1/account/keys/{id}`: revoke one; every gateway process refuses it within a
   second (plugins/keycache.py). A key may revoke itself.
@@ -13,29 +14,25 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import hookimpl
-from .accounts import require_principal
+from .admin import render, reports
+from .accounts import require_key
 from .appstate import STORE
 from .auth import display_prefix, hash_key, key_changed, new_key
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
-from .storage import KeyRecord
 
 MAX_NAME = 60
 
 
-def _view(k: KeyRecord, current_id: int) -> dict:
-    return {"id": k.id, "prefix": k.prefix, "name": k.name, "agent_id": k.agent_id, "created": k.created_at,
-            "revoked": k.revoked_at, "current": k.id == current_id}
-
-
 async def list_keys(request: web.Request) -> web.Response:
-    p = await require_principal(request)
-    keys = await request.app[STORE].keys.list(p.account_id)
-    return json_response({"object": "list", "data": [_view(k, p.key_id) for k in reversed(keys)]})
+    p = await require_key(request)
+    rows = await reports.keys(request.app[STORE], p.account_id)
+    return json_response({"object": "list", "data": [{**render.key(r), "current": r["id"] == p.key_id}
+                                                     for r in reversed(rows)]})
 
 
 async def create_key(request: web.Request) -> web.Response:
-    p = await require_principal(request)
+    p = await require_key(request)
     body = await read_json(request) if request.can_read_body else {}
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object, e.g. {\"name\": \"ci\"}")
@@ -49,26 +46,22 @@ async def create_key(request: web.Request) -> web.Response:
                           "note": "the key is shown once: store it now (only its hash is kept)"}, status=201)
 
 
-async def _own_key(store, account_id: int, key_id: int) -> KeyRecord | None:
-    return next((k for k in await store.keys.list(account_id) if k.id == key_id), None)
-
-
 async def revoke_key(request: web.Request) -> web.Response:
-    p = await require_principal(request)
+    p = await require_key(request)
     try:
         key_id = int(request.match_info["key_id"])
     except ValueError:
         raise bad_request("the key id is a number, as listed by GET /api/v1/account/keys") from None
     store = request.app[STORE]
-    found = await _own_key(store, p.account_id, key_id)
-    if found is None:
+    found = await reports.key(store, key_id)
+    if found is None or found["account_id"] != p.account_id:
         raise GatewayError(404, f"no key {key_id} on this account (GET /api/v1/account/keys lists them)",
                            code="key_not_found")
-    if not found.revoked:
+    if found["revoked_at"] is None:
         await store.keys.revoke(key_id)
         await key_changed(request.app)            # every process drops what it cached
-        found = await _own_key(store, p.account_id, key_id)
-    return json_response({"id": key_id, "prefix": found.prefix, "revoked": found.revoked_at})
+        found = await reports.key(store, key_id)
+    return json_response({"id": key_id, "prefix": found["prefix"], "revoked_at": found["revoked_at"]})
 
 
 @hookimpl

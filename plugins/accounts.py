@@ -36,12 +36,21 @@ async def account_for_key(store: Storage, key: str) -> int | None:
     return found.account_id if found else None
 
 
-def parse_usd(text: str) -> int:
-    """'12.5' -> 12_500_000 micro-USD; refuses negatives and sub-micro precision."""
+MAX_USD = 10 ** 12      # far above any real amount; keeps Infinity and 1e999999 out
+
+
+def parse_usd(text: str | int | float) -> int:
+    """'12.5' (or 12.5) -> 12_500_000 micro-USD; refuses what is not a finite amount of
+    at most MAX_USD, negatives and sub-micro precision (ValueError saying which)."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"not a number: {text!r}")
     try:
-        amount = Decimal(text) * config_mod.MICRO
+        amount = Decimal(str(text))
     except InvalidOperation:
-        raise ValueError(f"not an amount of USD: {text!r}") from None
+        raise ValueError(f"not a number: {text!r}") from None
+    if not amount.is_finite() or abs(amount) > MAX_USD:
+        raise ValueError(f"not a finite number of at most {MAX_USD:,}: {text!r}")
+    amount *= config_mod.MICRO
     if amount < 0 or amount != amount.to_integral_value():
         raise ValueError(f"amount must be >= 0 with at most 6 decimals: {text!r}")
     return int(amount)
@@ -49,8 +58,8 @@ def parse_usd(text: str) -> int:
 
 # ---- HTTP ----------------------------------------------------------------------
 
-async def require_principal(request):
-    """The caller's account key, or 401."""
+async def require_key(request):
+    """The caller's principal on an endpoint that needs an account key (401 otherwise)."""
     principal = await authenticate_request(request)
     if principal is None:
         raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
@@ -59,7 +68,7 @@ async def require_principal(request):
 
 
 async def get_account(request):
-    p = await require_principal(request)
+    p = await require_key(request)
     body = {"account_id": p.account_id,
             "balance_usd": usd(await request.app[STORE].ledger.balance(p.account_id)),
             "free_allowance_left_usd": 0.0,
@@ -70,7 +79,7 @@ async def get_account(request):
 
 
 async def get_usage(request):
-    p = await require_principal(request)
+    p = await require_key(request)
     try:
         limit = min(max(int(request.query.get("limit", "50")), 1), 500)
     except ValueError:
@@ -91,7 +100,8 @@ def gateway_register_routes(register, config):
 
 # ---- CLI -----------------------------------------------------------------------
 
-def _with_store(args, work):
+def with_store(args, work):
+    """Run `work(store)` on the database the config names (for CLI commands)."""
     from plugins import get_plugin_manager
     try:
         cfg = config_mod.load(args.config)
@@ -109,21 +119,6 @@ def _with_store(args, work):
     return asyncio.run(go())
 
 
-def cmd_keys_create(args) -> int:
-    try:
-        credits = parse_usd(args.credits)
-    except ValueError as err:
-        print(f"gateway: --credits: {err}", file=sys.stderr)
-        return 2
-
-    async def work(store):
-        account_id, key = await create_account(store, args.name, credits)
-        print(f"account {account_id} created with ${usd(credits):.2f} credits; the key is shown once:")
-        print(key)
-        return 0
-    return _with_store(args, work)
-
-
 def cmd_credits_grant(args) -> int:
     try:
         amount = parse_usd(args.usd)
@@ -139,21 +134,15 @@ def cmd_credits_grant(args) -> int:
         balance = await store.ledger.credit(account_id, amount, "grant", "cli")
         print(f"account {account_id}: granted ${usd(amount):.6f}; balance ${usd(balance):.6f}")
         return 0
-    return _with_store(args, work)
+    return with_store(args, work)
 
 
 @hookimpl
 def gateway_register_commands(subparsers):
-    keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
-    create = keys.add_parser("create", help="create an account and print its new key (last line)")
-    create.add_argument("--credits", default="0", help="starting credits in USD")
-    create.add_argument("--name", help="a label for the account")
-    create.set_defaults(func=cmd_keys_create)
     credits = subparsers.add_parser("credits", help="manage credits").add_subparsers(dest="credits_command",
                                                                                       required=True)
     grant = credits.add_parser("grant", help="add credits to the account of KEY")
     grant.add_argument("key", help="the full key, or a unique prefix of it")
     grant.add_argument("usd", help="amount in USD, e.g. 10 or 0.25")
     grant.set_defaults(func=cmd_credits_grant)
-    for p in (create, grant):
-        p.add_argument("--config", help="YAML config (default: the embedded demo)")
+    grant.add_argument("--config", help="YAML config (default: the embedded demo)")

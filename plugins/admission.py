@@ -2,15 +2,24 @@
 
 - 401 on endpoints that need a key when none was sent;
 - 413 when the input is over the endpoint's character cap;
-- 400 for streaming or svc/smart without a key (SPEC section 5).
+- 400 for streaming or svc/smart without a key (SPEC section 5);
+- 400 for chat image URLs that lead into a private network (plugins/netguard.py).
 """
 from __future__ import annotations
 
 from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError, bad_request
+from .formats.base import check_image_hosts
 
 SMART = "svc/smart"
+
+
+@hookimpl(specname="gateway_admit")
+async def refuse_private_image_urls(ctx: CallContext):
+    """Chat image URLs whose host resolves into a private network: 400 naming the field."""
+    if ctx.chat is not None:
+        await check_image_hosts(ctx.chat)
 
 
 @hookimpl(tryfirst=True)

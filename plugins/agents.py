@@ -11,13 +11,13 @@ from aiohttp import web
 
 from . import hookimpl
 from .appstate import STORE
-from .accounts import require_principal
+from .accounts import require_key
 from .auth import credential, hash_key, key_changed
 from .errors import bad_request
 from .formats.base import json_response, read_json
 
 async def register_agent(request: web.Request) -> web.Response:
-    principal = await require_principal(request)
+    principal = await require_key(request)
     body = await read_json(request)
     name = body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name.strip():

@@ -15,6 +15,7 @@ from .appstate import STORE
 from .context import CallContext, Principal
 from .errors import GatewayError
 from .keycache import KEYCACHE
+from .keypolicy import policy_of
 
 KEY_PREFIX = "chk_"
 
@@ -46,7 +47,8 @@ async def _load(store, digest: str) -> Principal | None:
     found = await store.keys.get(digest)
     if found is None or found.revoked:
         return None
-    return Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix, agent_id=found.agent_id)
+    return Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix, agent_id=found.agent_id,
+                     policy=policy_of(found))
 
 
 async def principal_for(app, key: str) -> Principal | None:

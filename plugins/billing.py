@@ -11,12 +11,12 @@ import asyncio
 
 from config import usd
 
-from . import allowance, hookimpl, usage
+from . import allowance, hookimpl, keypolicy, usage
 from .appstate import STORE, spawn
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
 from .pricing import billed_output
-from .storage import HoldRequest, Settlement, split_charge
+from .storage import HoldRequest, KeySpendLimitReached, Settlement, split_charge
 
 
 @hookimpl
@@ -29,10 +29,12 @@ async def gateway_reserve(ctx: CallContext):
     request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), key_id=p.key_id,
                           agent_id=p.agent_id, endpoint=ctx.endpoint,
                           requested_model=route.requested_model if route else ctx.model_id,
-                          model=route.model.id if route else None)
+                          model=route.model.id if route else None, key_limit=keypolicy.limit_for(p.policy))
     pending = asyncio.ensure_future(ledger.reserve(request))
     try:
         reserved = await asyncio.shield(pending)
+    except KeySpendLimitReached as reached:
+        raise keypolicy.refusal(reached) from None
     except asyncio.CancelledError:      # the client left while the hold was being made: undo it
         spawn(ctx.request.app, _undo(pending, ledger, ctx.call_id))
         raise

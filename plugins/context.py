@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from providers.base import Provider
 
     from .formats.base import ClientFormat
+    from .storage import KeyPolicy
 
 
 _ID_PREFIX = secrets.token_hex(6)
@@ -36,6 +37,7 @@ class Principal:
     key_id: int
     key_prefix: str
     agent_id: int | None = None
+    policy: "KeyPolicy | None" = None    # the operator's restrictions on this key (plugins.keypolicy)
 
 
 @dataclass(slots=True)

@@ -1,13 +1,12 @@
-"""The auth cache: found keys are kept for a few seconds so a busy key does not cost a query
-per call, and a key change (revocation, a new agent) reaches every process within a second.
+"""The auth cache: a found key is kept for `TTL_SECONDS` so a busy key does not cost a query
+per call, and a change to a key (revoked, given an agent) reaches every process at once.
 
-- One process, or several without Redis: entries live `FALLBACK_SECONDS` (1 s), and the
-  process that made a change drops its own entry at once.
-- With `redis:`: every change is published on `CHANNEL`; each process subscribes and drops
-  the entry as the message arrives (milliseconds), so entries may live `SUBSCRIBED_SECONDS`.
-  The subscription is pinged every `PING_SECONDS`; while no message or pong has arrived
-  for `LIVE_SECONDS`, it counts as down and entries live only the 1 s fallback again. When
-  it comes back, the whole cache is dropped (messages may have been missed meanwhile).
+- Everywhere, an entry lives at most 1 s: a change made anywhere (another process, another
+  machine, the CLI writing to the database) is seen within a second, even with no Redis or
+  with its subscription down.
+- The process that made a change drops its own entries at once.
+- With `redis:`, every change is also published on `CHANNEL`; each process subscribes and
+  drops the entry as the message arrives, so the others see it within milliseconds.
 
 A lookup that raced a change (it read the database before the change and would cache the
 old row after it) is not cached: every drop bumps a generation that the lookup checks.
@@ -26,10 +25,8 @@ from .redis_link import REDIS
 
 CHANNEL = "gw:keys"
 ALL = b"*"
-FALLBACK_SECONDS = 1.0
-SUBSCRIBED_SECONDS = 30.0
-PING_SECONDS = 0.25
-LIVE_SECONDS = 0.75
+TTL_SECONDS = 1.0
+POLL_SECONDS = 0.5                 # how often the listener looks up from its channel to see if it must stop
 
 log = structlog.get_logger("keycache")
 
@@ -39,17 +36,13 @@ class KeyCache:
         self.clock = clock
         self._entries: dict[str, tuple[float, object]] = {}     # key hash -> (fetched at, principal)
         self._generation = 0
-        self.live_until = 0.0            # the subscription is trusted until then
         self.redis = None                # set when a shared channel exists
-
-    def _ttl(self, now: float) -> float:
-        return SUBSCRIBED_SECONDS if now < self.live_until else FALLBACK_SECONDS
 
     async def get(self, digest: str, load: Callable[[], Awaitable[object | None]]):
         """The cached principal for `digest`, or `load()`ed (and cached if found)."""
         now = self.clock()
         hit = self._entries.get(digest)
-        if hit is not None and now - hit[0] < self._ttl(now):
+        if hit is not None and now - hit[0] < TTL_SECONDS:
             return hit[1]
         generation = self._generation
         principal = await load()
@@ -72,40 +65,26 @@ class KeyCache:
         if self.redis is not None:
             try:
                 await self.redis.publish(CHANNEL, digest or ALL)
-            except (RedisError, OSError) as exc:     # the others fall back to the 1 s expiry
+            except (RedisError, OSError) as exc:     # the others still see it within TTL_SECONDS
                 log.warning("key_change_not_published", error=str(exc))
 
     async def listen(self, stopping: asyncio.Event) -> None:
         """Follow the change channel until `stopping` is set, resubscribing after any failure.
-        (The client may turn a cancellation into a connection error, so the event, not the
-        cancellation alone, ends the loop.)"""
+        (redis-py's pub/sub read can swallow a cancellation and return normally, so the
+        event, not the cancellation alone, ends the loop.)"""
         while not stopping.is_set():
             try:
-                async with self.redis.pubsub() as pubsub:
+                async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(CHANNEL)
-                    await self._follow(pubsub, stopping)
+                    self.drop()          # whatever was missed while unsubscribed
+                    while not stopping.is_set():
+                        message = await pubsub.get_message(timeout=POLL_SECONDS)
+                        if message is not None:
+                            self.drop(message["data"])
             except (RedisError, OSError) as exc:
-                self.live_until = 0.0
                 if not stopping.is_set():
                     log.warning("key_changes_unsubscribed", error=str(exc))
                     await asyncio.sleep(0.2)
-
-    async def _follow(self, pubsub, stopping: asyncio.Event) -> None:
-        next_ping = 0.0
-        while not stopping.is_set():
-            now = self.clock()
-            if now >= next_ping:
-                await pubsub.ping()
-                next_ping = now + PING_SECONDS
-            message = await pubsub.get_message(timeout=PING_SECONDS)
-            if message is None:
-                continue
-            now = self.clock()
-            if now >= self.live_until:       # (re)joined: what was missed meanwhile is unknown
-                self.drop()
-            self.live_until = now + LIVE_SECONDS
-            if message["type"] == "message":
-                self.drop(message["data"])
 
 
 KEYCACHE = web.AppKey("keycache", KeyCache)

@@ -20,6 +20,14 @@ def special_ids(cfg: Config) -> list[str]:
     return [mid for mid, (section, key) in SPECIAL_IDS.items() if cfg.section(section).get(key)]
 
 
+def served_model_ids(app) -> set[str]:
+    """Every id a client may send: chat models, svc/free and svc/smart, media models."""
+    from .appstate import CONFIG
+    from .media import MEDIA
+    cfg = app[CONFIG]
+    return {*cfg.chat_models, *special_ids(cfg), *(app[MEDIA].catalog if MEDIA in app else ())}
+
+
 def model_list(cfg: Config) -> dict:
     created = int(time.time())
     data = [{"id": m.id, "object": "model", "created": created, "owned_by": m.provider}

@@ -8,6 +8,9 @@ A provider is a pure translator plus a little declarative API data:
 
 `HTTPProvider` owns everything else once: URL, headers, the shared ClientSession,
 timeouts, status mapping and SSE framing. A new upstream overrides only what differs.
+What every remote provider shares to survive a hostile upstream (deadlines, a cap on
+what is read, malformed answers, secrets in error text) lives in `RemoteProvider` and
+providers/guard.py.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import orjson
 
 from plugins.errors import GatewayError, bad_request
 
-from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEvent
+from .guard import UpstreamLimits, answer_shape, check_response, check_usage, read_capped, scrubber
+
+from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEnd, StreamEvent
 
 if TYPE_CHECKING:
     from config import ChatModel, ProviderConfig
@@ -71,6 +76,10 @@ class Provider:
         """Why this provider cannot serve now (e.g. no API key), or None."""
         return None
 
+    def scrub(self, text: str, status: int | None = None) -> str:
+        """Upstream text made safe to relay (remote providers remove their secrets)."""
+        return text
+
     def same_format(self, req: ChatRequest) -> bool:
         """True when the client spoke this upstream's own wire format: pass it through."""
         return req.raw is not None and req.extra_format == self.wire_format != ""
@@ -103,6 +112,13 @@ class RemoteProvider(Provider):
         super().__init__(config, http)
         self.base_url = str(self.settings.get("base_url") or self.default_base_url).rstrip("/")
         self.api_key = str(self.settings.get("api_key") or "")
+        self.limits = UpstreamLimits.from_settings(self.settings)
+        self.scrub = scrubber(self.name, self.settings)
+
+    def upstream_error(self, status: int, detail: str, retry_after: str | None) -> "UpstreamError":
+        """An upstream HTTP error as the client sees it, the upstream's words scrubbed of
+        secrets (the full text goes to the operator's log)."""
+        return map_upstream_status(self.name, status, self.scrub(detail, status=status), retry_after)
 
     def unavailable_reason(self) -> str | None:
         if self.api_key:
@@ -118,9 +134,8 @@ class HTTPProvider(RemoteProvider):
 
     def __init__(self, config, http):
         super().__init__(config, http)
-        read = float(self.settings.get("timeout_seconds", 600))
-        # No total limit: a stream may run for minutes; a silent upstream still times out.
-        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read)
+        # Header waits and body gaps are bounded per read (see guard.read_capped, SSEReader).
+        self.timeout = self.limits.client_timeout()
 
     # -- declarative bits a subclass overrides --------------------------------------
     def headers(self) -> dict[str, str]:
@@ -149,33 +164,38 @@ class HTTPProvider(RemoteProvider):
 
     # -- shared transport ------------------------------------------------------------
     async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
-        async with self._post(req, model) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise self._error(resp, raw)
-            try:
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
-            return self.parse_response(body, req)
+        with answer_shape(self):
+            async with self._post(req, model) as resp:
+                raw = await read_capped(self, resp)
+                if resp.status != 200:
+                    raise self._error(resp, raw)
+                try:
+                    body = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
+                return check_response(self.parse_response(body, req))
 
     async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
-        async with self._post(req, model) as resp:
-            if resp.status != 200:
-                raise self._error(resp, await resp.read())
-            reader = SSEReader(resp.content, self.name)
-            async for event in self.parse_stream(reader, req):
-                yield event
-                if reader.drained:        # all this read brought is out: the relay may write it
-                    yield FLUSH
+        with answer_shape(self):
+            async with self._post(req, model, first_byte=True) as resp:
+                if resp.status != 200:
+                    raise self._error(resp, await read_capped(self, resp))
+                reader = SSEReader(resp.content, self.name, self.limits)
+                async for event in self.parse_stream(reader, req):
+                    if isinstance(event, StreamEnd):
+                        check_usage(event.usage)
+                    yield event
+                    if reader.drained:        # all this read brought is out: the relay may write it
+                        yield FLUSH
 
-    def _post(self, req: ChatRequest, model: "ChatModel"):
+    def _post(self, req: ChatRequest, model: "ChatModel", *, first_byte: bool = False):
         self.refuse_foreign_parts(req)
         body = orjson.dumps(self.build_request(req, model.upstream))
         headers = {"Content-Type": "application/json", **self.headers()}
         if self.same_format(req):
             headers.update(req.headers)
-        return _Request(self, self.url(req, model.upstream), body, headers)
+        wait = self.limits.first_byte if first_byte else None
+        return _Request(self, self.url(req, model.upstream), body, headers, wait)
 
     def _error(self, resp: aiohttp.ClientResponse, raw: bytes) -> UpstreamError:
         try:
@@ -183,27 +203,35 @@ class HTTPProvider(RemoteProvider):
         except orjson.JSONDecodeError:
             detail = None
         detail = detail or raw[:200].decode("utf-8", "replace").strip() or resp.reason or "no detail"
-        return map_upstream_status(self.name, resp.status, detail, resp.headers.get("Retry-After"))
+        return self.upstream_error(resp.status, detail, resp.headers.get("Retry-After"))
 
 
 class _Request:
     """`async with` a POST, turning transport failures (connecting or reading) into
-    UpstreamError (502)."""
+    UpstreamError (502). `wait` bounds the time to the response headers (a stream's
+    first-byte deadline); the provider's total deadline bounds everything. Leaving with
+    an error closes the upstream connection rather than returning it to the pool."""
 
-    def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str]):
-        self.p, self.url, self.body, self.headers = provider, url, body, headers
+    def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str],
+                 wait: float | None = None):
+        self.p, self.url, self.body, self.headers, self.wait = provider, url, body, headers, wait
         self._cm = None
+        self._resp: aiohttp.ClientResponse | None = None
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
             self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
-            return await self._cm.__aenter__()
+            async with asyncio.timeout(self.wait):
+                self._resp = await self._cm.__aenter__()
+            return self._resp
         except asyncio.TimeoutError:
             raise UpstreamError(502, f"{self.p.name} did not answer in time", code="upstream_timeout") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(502, f"could not reach {self.p.name}: {exc.__class__.__name__}") from None
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self._resp is not None:
+            self._resp.close()
         if self._cm is not None:
             await self._cm.__aexit__(exc_type, exc, tb)
         # The body can fail after the headers arrived: that too is the upstream failing.
@@ -223,11 +251,13 @@ class SSEReader:
     becomes an UpstreamError, never a silently shortened stream.
     """
 
-    def __init__(self, content: aiohttp.StreamReader, provider: str):
+    def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None):
         self.reads = content.iter_any().__aiter__()
         self.provider = provider
         self.buffer = b""
         self.events: deque[tuple[str, bytes]] = deque()
+        limits = limits or UpstreamLimits()
+        self.wait, self.idle, self.max_event = limits.first_byte, limits.idle, limits.max_event_bytes
 
     @property
     def drained(self) -> bool:
@@ -239,7 +269,9 @@ class SSEReader:
     async def __anext__(self) -> tuple[str, bytes]:
         while not self.events:
             try:
-                data = await self.reads.__anext__()
+                async with asyncio.timeout(self.wait):
+                    data = await self.reads.__anext__()
+                self.wait = self.idle
             except StopAsyncIteration:
                 self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
                 self.buffer = b""
@@ -252,6 +284,9 @@ class SSEReader:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
             self.buffer = self._split(self.buffer + data)
+            if len(self.buffer) > self.max_event:
+                raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
+                                         f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
         return self.events.popleft()
 
     def _split(self, buffer: bytes) -> bytes:

@@ -31,9 +31,11 @@ class FalProvider(QueueProvider):
             if state in ("FAILED", "CANCELED", "CANCELLED", "ERROR"):
                 raise UpstreamError(502, f"{self.name} render failed: {status.get('error') or state}",
                                     code="render_failed")
+            if state not in ("IN_QUEUE", "IN_PROGRESS", "COMPLETED"):
+                raise ValueError(f"unknown job status {state!r}")
             return status if state == "COMPLETED" else None
 
-        await self.wait(poll, lambda: self.call("PUT", job.get("cancel_url") or f"{response_url}/cancel"), timeout)
+        await self.wait(poll, ("PUT", job.get("cancel_url") or f"{response_url}/cancel"), timeout)
         return await self.call("GET", response_url)
 
     async def generate_images(self, job: ImageJob, model) -> list[MediaFile]:

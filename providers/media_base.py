@@ -4,13 +4,16 @@ then cancel on timeout). fal and Replicate differ only in URLs and field names."
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from .base import RemoteProvider, UpstreamError, map_upstream_status
+from .base import RemoteProvider, UpstreamError
+from .guard import read_capped
 from .media_types import ImageJob, MediaFile, VideoJob
 
 
@@ -51,31 +54,60 @@ def job_input(job: ImageJob | VideoJob, model, *, duration_text: bool) -> dict[s
     return out
 
 
+# Set by the caller around a render: called with (provider, method, url) how to cancel the
+# job once it is queued upstream, and with None once it ended, so that a process dying
+# mid-render leaves a record another process can cancel (plugins/media/renders.py).
+RENDER_TRACKER: contextvars.ContextVar[Callable[[dict | None], Awaitable[None]] | None] = \
+    contextvars.ContextVar("render_tracker", default=None)
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+
+
 class QueueProvider(RemoteProvider):
-    """A provider whose jobs run on a queue the gateway polls."""
+    """A provider whose jobs run on a queue the gateway polls.
+
+    Credentials go only to the provider's configured origin (`base_url`). A URL the
+    upstream hands back on another host (a status or result URL) is followed without
+    credentials, through `foreign_http`: the session whose resolver refuses non-global
+    addresses (set by the media plugin); without it such a URL is not followed at all."""
 
     def __init__(self, config, http):
         super().__init__(config, http)
         self.poll_seconds = float(self.settings.get("poll_seconds", 1.0))
+        self.origins = {origin(self.base_url)}
+        self.foreign_http: aiohttp.ClientSession | None = None
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 
+    def _session_for(self, url: str) -> tuple[aiohttp.ClientSession, dict[str, str]]:
+        if origin(url) in self.origins:
+            return self.http, self.auth()
+        if self.foreign_http is None:
+            raise UpstreamError(502, f"{self.name} pointed the gateway at another host; it was not followed")
+        return self.foreign_http, {}
+
     async def call(self, method: str, url: str, body: dict | None = None, *, extra: dict | None = None) -> dict:
-        headers = {**self.auth(), **(extra or {})}
+        session, auth = self._session_for(url)
+        headers = {**auth, **(extra or {})}
         if body is not None:
             headers["Content-Type"] = "application/json"
         try:
-            async with self.http.request(method, url, data=orjson.dumps(body) if body is not None else None,
-                                         headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as resp:
-                raw = await resp.read()
+            async with session.request(method, url, data=orjson.dumps(body) if body is not None else None,
+                                       headers=headers, timeout=self.limits.client_timeout()) as resp:
+                raw = await read_capped(self, resp)
                 try:
                     data = orjson.loads(raw) if raw else {}
                 except orjson.JSONDecodeError:
                     data = {}
                 if resp.status >= 400:
-                    raise map_upstream_status(self.name, resp.status, self.error_text(data, raw),
-                                              resp.headers.get("Retry-After"))
+                    raise self.upstream_error(resp.status, self.error_text(data, raw), resp.headers.get("Retry-After"))
+                if not isinstance(data, dict):
+                    raise UpstreamError(502, f"{self.name} answered with JSON that is not an object",
+                                        code="upstream_malformed")
                 return data
         except asyncio.TimeoutError:
             raise UpstreamError(502, f"{self.name} did not answer in time", code="upstream_timeout") from None
@@ -89,8 +121,26 @@ class QueueProvider(RemoteProvider):
                 return detail if isinstance(detail, str) else orjson.dumps(detail).decode()[:300]
         return raw[:200].decode("utf-8", "replace") or "no detail"
 
-    async def wait(self, poll, cancel, timeout: float) -> dict:
-        """Poll until `poll()` returns a finished job; cancel and fail at the deadline."""
+    async def wait(self, poll, cancel: tuple[str, str], timeout: float) -> dict:
+        """Poll until `poll()` returns a finished job; cancel (method, URL) and fail at the
+        deadline. The job is tracked while it runs (RENDER_TRACKER)."""
+        track = RENDER_TRACKER.get()
+        if track is not None:
+            await track({"provider": self.name, "method": cancel[0], "url": cancel[1]})
+        try:
+            return await self._poll_until_done(poll, cancel, timeout)
+        finally:
+            if track is not None:
+                await asyncio.shield(track(None))
+
+    async def cancel_job(self, method: str, url: str) -> None:
+        """Ask the upstream to stop a render; failures are ignored (it may be over)."""
+        try:
+            await self.call(method, url)
+        except UpstreamError:
+            pass
+
+    async def _poll_until_done(self, poll, cancel: tuple[str, str], timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         delay = self.poll_seconds
         while True:
@@ -98,10 +148,7 @@ class QueueProvider(RemoteProvider):
             if done is not None:
                 return done
             if time.monotonic() + delay > deadline:
-                try:
-                    await cancel()
-                except UpstreamError:
-                    pass
+                await self.cancel_job(*cancel)
                 raise UpstreamError(502, f"{self.name} did not finish the render within {timeout:g} s; "
                                          "it was cancelled and nothing was charged", code="render_timeout")
             await asyncio.sleep(delay)

@@ -8,6 +8,7 @@ import aiohttp
 import orjson
 
 from .base import UpstreamError
+from .guard import read_capped
 from .media_types import ImageJob, MediaFile
 
 SIZES = {"1:1": "1024x1024", "3:2": "1536x1024", "2:3": "1024x1536", "16:9": "1536x1024", "9:16": "1024x1536",
@@ -21,7 +22,8 @@ async def generate_images(provider, job: ImageJob, model) -> list[MediaFile]:
         fields["size"] = SIZES[job.aspect_ratio]
     if job.quality:
         fields["quality"] = job.quality
-    timeout = aiohttp.ClientTimeout(total=model.timeout_seconds, sock_connect=10)
+    timeout = aiohttp.ClientTimeout(total=min(model.timeout_seconds, provider.limits.total),
+                                    sock_connect=provider.limits.connect)
     headers = provider.headers()
     if job.operation == "edit":
         form = aiohttp.FormData()
@@ -38,10 +40,13 @@ async def generate_images(provider, job: ImageJob, model) -> list[MediaFile]:
                                      headers={**headers, "Content-Type": "application/json"}, timeout=timeout)
     try:
         async with request as resp:
-            raw = await resp.read()
+            raw = await read_capped(provider, resp)
             if resp.status != 200:
                 raise provider._error(resp, raw)
     except (aiohttp.ClientError, TimeoutError):
         raise UpstreamError(502, f"could not reach {provider.name} for images") from None
-    data = orjson.loads(raw).get("data") or []
+    try:
+        data = orjson.loads(raw).get("data") or []
+    except orjson.JSONDecodeError:
+        raise UpstreamError(502, f"{provider.name} answered with a body that is not JSON") from None
     return [MediaFile(data=base64.b64decode(d["b64_json"]), content_type="image/png") for d in data if d.get("b64_json")]

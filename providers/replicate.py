@@ -24,10 +24,12 @@ class ReplicateProvider(QueueProvider):
             if state in ("failed", "canceled"):
                 raise UpstreamError(502, f"{self.name} render {state}: {current.get('error') or 'no detail'}",
                                     code="render_failed")
+            if state not in ("starting", "processing", "succeeded"):
+                raise ValueError(f"unknown prediction status {state!r}")
             return current if state == "succeeded" else None
 
         done = prediction if prediction.get("status") == "succeeded" else \
-            await self.wait(poll, lambda: self.call("POST", cancel_url), timeout)
+            await self.wait(poll, ("POST", cancel_url), timeout)
         output = done.get("output")
         urls_out = [output] if isinstance(output, str) else [u for u in output or [] if isinstance(u, str)]
         if not urls_out:

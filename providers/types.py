@@ -31,6 +31,7 @@ class ImagePart:
     """An image given by an https URL or a `data:` URL (kept as given)."""
     url: str
     detail: str | None = None
+    field: str | None = None    # where a client gave it (e.g. messages[0].content[1].image_url.url), for errors
 
     @property
     def is_data(self) -> bool:

@@ -50,13 +50,14 @@ async def test_an_account_key_lists_creates_and_revokes_its_accounts_keys(gw):
     assert (await chat(gw, other_key)).choices                      # untouched
 
     status, revoked = await http("DELETE", f"{keys_url}/{made['id']}", key)
-    assert status == 200 and revoked["id"] == made["id"] and revoked["revoked"] > 0
+    assert status == 200 and revoked["id"] == made["id"] and revoked["revoked_at"] > 0
     with pytest.raises(openai.AuthenticationError):
         await chat(gw, made["key"])
     _, listed = await http("GET", keys_url, key)
-    assert listed["data"][0]["revoked"] == revoked["revoked"]
+    assert listed["data"][0]["revoked_at"] == revoked["revoked_at"]
+    assert listed["data"][0]["spend_usd"] == reply.billing["usd"] and listed["data"][0]["last_used_at"] > 0
     status, again = await http("DELETE", f"{keys_url}/{made['id']}", key)        # revoking twice is a no-op
-    assert status == 200 and again["revoked"] == revoked["revoked"]
+    assert status == 200 and again["revoked_at"] == revoked["revoked_at"]
 
 
 async def test_key_routes_refuse_bad_input_clearly(gw):

@@ -2,25 +2,15 @@
 import asyncio
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import openai
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-GATEWAY = [sys.executable, str(ROOT / "gateway.py")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.gateway_process import GATEWAY, free_port
 
 
 @pytest.fixture

@@ -2,14 +2,17 @@
 interface the core pipeline drives (parse -> canonical; canonical -> wire / SSE)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 import orjson
 from aiohttp import web
 
+from plugins.appstate import CONFIG
 from plugins.context import CallContext
 from plugins.errors import GatewayError, bad_request
-from providers.types import ChatRequest, ChatResponse, StreamEvent, ToolChoice
+from plugins.netguard import check_url, check_url_resolved
+from providers.types import ChatRequest, ChatResponse, ImagePart, StreamEvent, ToolChoice, ToolResult
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -19,15 +22,42 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
                         headers=headers)
 
 
+MAX_JSON_DEPTH = 64     # nesting deeper than this is refused; upstream bodies wrap it a few levels more
+
+
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; an empty or malformed body is a 400 that says so."""
-    raw = await request.read()
+    """The request body as JSON; an empty, malformed or too deeply nested body is a 400
+    that says so. The whole body must arrive within the server's request deadline (408)."""
+    try:
+        async with asyncio.timeout(request.app[CONFIG].server.request_timeout_seconds):
+            raw = await request.read()
+    except TimeoutError:
+        raise GatewayError(408, "the request body did not arrive in time; send it faster or smaller",
+                           code="request_timeout", headers={"Connection": "close"}) from None
     if not raw:
         raise bad_request("the request body is empty; send a JSON object")
     try:
-        return orjson.loads(raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    # Only a body with that many brackets can be that deep: the walk is skipped for almost all.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
+        raise bad_request(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; flatten it",
+                          code="json_too_deep")
+    return body
+
+
+def json_depth(value: Any) -> int:
+    """How deeply arrays and objects nest in a parsed JSON value (a scalar is 0)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 class Fields:
@@ -110,6 +140,25 @@ class Fields:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
         raise self.fail(name, "must be a string or an array of strings")
+
+
+def client_image(url: Any, field: str, detail: str | None = None) -> ImagePart:
+    """An image a client gave by URL: https or data: only, never a local address (400
+    naming the field). `check_image_hosts` finishes the check once the names resolve."""
+    if not isinstance(url, str) or not url.startswith(("https://", "data:")):
+        raise bad_request(f"{field}: must be an https URL or a data: URL", param=field)
+    check_url(url, field, allow_private=False)
+    return ImagePart(url, detail, field)
+
+
+async def check_image_hosts(req: ChatRequest) -> None:
+    """Refuse image URLs whose host resolves to a non-global address (400 naming the field)."""
+    for m in req.messages:
+        for p in m.parts:
+            inner = p.content if isinstance(p, ToolResult) and isinstance(p.content, list) else (p,)
+            for q in inner:
+                if isinstance(q, ImagePart) and q.field and not q.is_data:
+                    await check_url_resolved(q.url, q.field, allow_private=False)
 
 
 def parallel_flag(f: Fields) -> bool | None:

@@ -18,12 +18,12 @@ from plugins import hookimpl
 from plugins.context import CallContext
 from plugins.errors import GatewayError
 from providers.types import (
-    CONTENT_FILTER, END, MAX_TOKENS, STOP_SEQUENCE, TOOL_USE, ChatRequest, ChatResponse, ImagePart,
+    CONTENT_FILTER, END, MAX_TOKENS, STOP_SEQUENCE, TOOL_USE, ChatRequest, ChatResponse,
     Message, ReasoningDelta, ReasoningPart, StreamEnd, StreamStart, TextDelta, TextPart, Tool,
     ToolCall, ToolCallDelta, ToolCallStart, ToolChoice, ToolResult, Usage,
 )
 
-from .base import ClientFormat, Fields, StreamWriter, named_tool, openai_error_body, parallel_flag
+from .base import ClientFormat, Fields, StreamWriter, client_image, named_tool, openai_error_body, parallel_flag
 
 DEFAULT_MAX_TOKENS = 1024
 MAX_TOKENS_CAP = 8192
@@ -91,9 +91,8 @@ def _content_part(raw: Any, path: str, role: str):
     if kind == "image_url" and role == "user":
         image = raw.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
-        if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:")):
-            raise f.fail("image_url.url", "must be an https URL or a data: URL")
-        return ImagePart(url, image.get("detail") if isinstance(image, dict) else None)
+        field = f.path("image_url.url" if isinstance(image, dict) else "image_url")
+        return client_image(url, field, image.get("detail") if isinstance(image, dict) else None)
     raise f.fail("type", f"content part type {kind!r} is not supported here "
                          f"(supported: text{', image_url' if role == 'user' else ''})")
 

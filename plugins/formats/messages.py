@@ -25,7 +25,7 @@ from providers.types import (
     ToolResult, Usage,
 )
 
-from .base import ClientFormat, Fields, StreamWriter, json_response, named_tool
+from .base import ClientFormat, Fields, StreamWriter, client_image, json_response, named_tool
 
 MAX_TOKENS_CAP = 32768
 KNOWN = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
@@ -50,7 +50,7 @@ def parse_block(raw: Any, path: str, role: str):
         if src.get("type") == "base64":
             return ImagePart(f"data:{src.string('media_type', required=True)};base64,{src.string('data', required=True)}")
         if src.get("type") == "url":
-            return ImagePart(src.string("url", required=True))
+            return client_image(src.string("url", required=True), src.path("url"))
         raise src.fail("type", "must be base64 or url")
     if kind == "tool_use" and role == "assistant":
         args = raw.get("input", {})

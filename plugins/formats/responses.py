@@ -16,12 +16,12 @@ from plugins.context import CallContext
 from plugins.errors import GatewayError, bad_request
 from providers.openai_responses import usage_body
 from providers.types import (
-    CONTENT_FILTER, MAX_TOKENS, ChatRequest, ChatResponse, ImagePart, Message, ReasoningDelta, ReasoningPart,
+    CONTENT_FILTER, MAX_TOKENS, ChatRequest, ChatResponse, Message, ReasoningDelta, ReasoningPart,
     StreamEnd, StreamStart, TextDelta, TextPart, Tool, ToolCall, ToolCallDelta, ToolCallStart, ToolChoice,
     ToolResult,
 )
 
-from .base import ClientFormat, Fields, StreamWriter, named_tool, openai_error_body, parallel_flag
+from .base import ClientFormat, Fields, StreamWriter, client_image, named_tool, openai_error_body, parallel_flag
 
 MAX_OUTPUT_CAP = 32768
 KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -45,10 +45,7 @@ def _content(raw: Any, path: str, role: str) -> list:
         elif kind == "refusal":
             parts.append(TextPart(p.string("refusal", default="")))
         elif kind == "input_image" and role != "assistant":
-            url = p.get("image_url")
-            if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:")):
-                raise p.fail("image_url", "must be an https URL or a data: URL (file ids are not supported)")
-            parts.append(ImagePart(url, p.get("detail")))
+            parts.append(client_image(p.get("image_url"), p.path("image_url"), p.get("detail")))
         else:
             raise p.fail("type", f"content part {kind!r} is not supported here")
     return parts

@@ -24,15 +24,18 @@ from plugins.appstate import CONFIG, PM, PROVIDERS
 from plugins.context import CallContext, Route
 from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import ClientFormat, json_response, openai_error_body
+from plugins.netguard import check_url, check_url_resolved
 from plugins.pipeline import run_call, succeeded
-from providers.media_types import ImageJob, MediaFile
+from providers.guard import answer_shape, check_files
+from providers.media_types import ImageJob, MediaFile, VideoJob
 
 from . import requests as parse
 from .artifacts import PREFIX
 from .catalog import MediaModel, load_media
-from .fetch import check_url, fetch, guarded_session
+from .fetch import fetch, guarded_session
 from .mp4 import duration_seconds
 from .pricing import MediaPricer
+from .renders import keep_cancelling, tracked
 
 log = structlog.get_logger("media")
 MB = 1_000_000
@@ -47,6 +50,7 @@ class Media:
     allow_private: bool
     fetcher: aiohttp.ClientSession | None = None
     listing: bytes = b""
+    orphans: asyncio.Task | None = None      # cancels renders of calls whose process died
 
 
 MEDIA = web.AppKey("media", Media)
@@ -92,6 +96,7 @@ def gateway_configure(app, config):
         raise ConfigError(unable)
     app[MEDIA] = Media(catalog, settings, types[kind](art), bool(settings.get("allow_private_urls")))
     app.cleanup_ctx.append(_media_context)
+    app.on_shutdown.append(_stop_cancelling)
 
 
 def _can_make(app, config, model: MediaModel) -> bool:
@@ -99,6 +104,16 @@ def _can_make(app, config, model: MediaModel) -> bool:
     cls = app[PROVIDER_TYPES].get(config.providers[model.provider].type)
     method = "generate_images" if model.kind == "image" else "render_video"
     return cls is not None and callable(getattr(cls, method, None))
+
+
+def _client_urls(job: ImageJob | VideoJob, fields) -> list[tuple[str, str]]:
+    """(request field, URL) of every URL the client gave for this job. An image job's
+    references start with its image_url, when given."""
+    refs = list(getattr(job, "references", []) or [])
+    out = [(name, getattr(job, name)) for name in ("image_url", "video_url") if getattr(job, name, None)]
+    if isinstance(job, ImageJob) and refs and fields.get("image_url"):
+        out.append(("image_url", refs.pop(0)))
+    return out + [(f"input_images[{i}]", url) for i, url in enumerate(refs)]
 
 
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
@@ -116,10 +131,8 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
                            code="provider_unavailable")
     f, prompt = ctx.media_fields, ctx.prompt
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
-    allow = app[MEDIA].allow_private
-    for url in [*getattr(job, "references", []), getattr(job, "image_url", None), getattr(job, "video_url", None)]:
-        if url:
-            check_url(url, "reference", allow_private=allow)
+    for field, url in _client_urls(job, f):
+        check_url(url, field, allow_private=app[MEDIA].allow_private)
     ctx.media, ctx.pricer = job, MediaPricer(model, job)
     return Route(model=model, provider=provider, requested_model=requested or model_id)
 
@@ -149,11 +162,14 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
     cap = int(settings.get("max_reference_mb", 20)) * MB
     wait = float(settings.get("reference_timeout_seconds", 30))
+    for field, url in _client_urls(job, ctx.media_fields):   # the provider fetches these: same rule
+        await check_url_resolved(url, field, allow_private=allow)
     if isinstance(job, ImageJob):
         if job.references and getattr(provider, "wants_reference_files", False):
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
-        files = await provider.generate_images(job, model)
+        with answer_shape(provider), tracked(ctx):
+            files = check_files(await provider.generate_images(job, model))
     else:
         if job.video_url:
             clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
@@ -164,7 +180,8 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
             if length > model.reference_max_seconds + 0.05:
                 raise bad_request(f"video_url: the clip is {length:.1f} s; {model.id} takes at most "
                                   f"{model.reference_max_seconds:g} s", param="video_url")
-        files = [await provider.render_video(job, model)]
+        with answer_shape(provider), tracked(ctx):
+            files = check_files([await provider.render_video(job, model)])
     if not files:
         raise GatewayError(502, f"{provider.name} produced nothing", code="render_failed")
     return [await _keep(ctx, f, allow) for f in files]
@@ -244,6 +261,22 @@ def gateway_register_routes(register, config):
     register("POST", VIDEOS.path, videos)
     register("GET", "/api/v1/media/models", listing)
     register("GET", PREFIX + "{name}", artifact)
+
+
+@hookimpl
+def gateway_startup(app):
+    """Queue providers follow URLs on other hosts through the guarded fetch session; the
+    renders of calls whose process died are cancelled upstream (now, and from then on)."""
+    if MEDIA in app:
+        for provider in app[PROVIDERS].values():
+            if hasattr(provider, "foreign_http"):
+                provider.foreign_http = app[MEDIA].fetcher
+        app[MEDIA].orphans = asyncio.get_running_loop().create_task(keep_cancelling(app))
+
+
+async def _stop_cancelling(app) -> None:
+    if app[MEDIA].orphans is not None:        # before the database closes
+        app[MEDIA].orphans.cancel()
 
 
 async def _media_context(app):

@@ -21,13 +21,13 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from .records import (
-    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UnfinishedPayment, UsageRow, split_charge,
+    CRASHED, AgentRegistration, CreditPurchase, FreeAsk, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, split_charge,
 )
 
 __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "KeyRecord", "PaymentClaim", "Reserved",
-           "Settlement", "UnfinishedPayment", "UsageRow", "split_charge", "Storage", "open_storage", "now",
-           "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
+           "Settlement", "UnfinishedPayment", "UsageRow", "KeyLimit", "KeyPolicy", "KeySpendLimitReached",
+           "split_charge", "Storage", "open_storage", "now", "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
 
@@ -49,9 +49,14 @@ class Ledger(Protocol):
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         """Add credits (kind: grant | purchase | bonus); -> the new balance."""
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        """The operator's signed adjustment, kind `adjustment` with the reason as its ref;
+        -> the new balance, or None (nothing changed) if a negative one exceeds the balance."""
+
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         """Hold money for a call (the allowance first, then credits, as one conditional
-        debit). None (nothing changed) if the credits are short."""
+        debit). None (nothing changed) if the credits are short; KeySpendLimitReached
+        (nothing changed) if `hold.key_limit` would be exceeded."""
 
     async def settle(self, settlement: Settlement) -> bool:
         """Charge a call and refund the rest of its hold, writing its usage row, in one
@@ -66,7 +71,9 @@ class Ledger(Protocol):
         """The sum of the account's ledger entries (equals `balance`, or the books are wrong)."""
 
     async def purchase(self, order: CreditPurchase) -> tuple[int, int]:
-        """Record a paid credit order and credit it with its bonus; -> (bonus, balance)."""
+        """Record a paid credit order, mark its payment settled and credit it with its
+        bonus, in one transaction; a payment already credited is not credited again.
+        -> (bonus, balance)."""
 
     async def renew_leases(self) -> int:
         """Extend the lease of every open hold this process owns (one statement)."""
@@ -75,12 +82,20 @@ class Ledger(Protocol):
         """Release open holds whose lease expired (their owner died), each with a
         `crashed` usage row; -> how many."""
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        """Record (JSON: provider, method, url) how to cancel the upstream render a call
+        is waiting on, or None once it ended."""
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        """(call id, job) of renders whose hold is no longer open: their process died."""
+
 
 class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         """A new account with its first key and optional credits; -> account id."""
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int: ...
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int: ...
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         """The key with this hash, revoked or not."""

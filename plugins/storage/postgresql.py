@@ -8,6 +8,7 @@ day's free allowance row, then the account.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -16,8 +17,8 @@ import asyncpg
 
 from . import for_engine, now, statements
 from .records import (
-    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UnfinishedPayment, UsageRow, crashed_usage,
+    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_usage,
 )
 from .schema import migrations
 
@@ -25,7 +26,8 @@ MIGRATION_LOCK = 0x6761_7465_7761_79      # pg_advisory_xact_lock key: one proce
 USAGE_INSERT = (f"INSERT INTO usage ({', '.join(USAGE_FIELDS)}) "
                 f"VALUES ({', '.join(f'${i}' for i in range(1, len(USAGE_FIELDS) + 1))}) "
                 "ON CONFLICT (call_id) DO NOTHING")
-KEY_COLUMNS = "id, account_id, prefix, name, agent_id, created_at, revoked_at"
+KEY_COLUMNS = ("id, account_id, prefix, name, agent_id, created_at, revoked_at, expires_at, spend_limit_micro, "
+               "spend_period, models")
 
 
 def _dollar_params(sql: str) -> str:
@@ -87,6 +89,17 @@ async def _close_hold(c, held: Reserved, charge: int, free_use: int, usage: Usag
         await c.execute(USAGE_INSERT, *[getattr(usage, f) for f in USAGE_FIELDS])
 
 
+async def _check_key_limit(c, key_id: int, limit: KeyLimit, credit: int) -> None:
+    """Charged since the period began plus holds in flight plus this one, within the limit
+    (the caller holds the key's row lock, so no other reserve of the key is in between)."""
+    spent = await c.fetchval("SELECT COALESCE(SUM(usd_micro), 0) FROM usage WHERE key_id = $1 AND created_at >= $2",
+                             key_id, limit.since)
+    held = await c.fetchval("SELECT COALESCE(SUM(amount_micro), 0) FROM holds WHERE key_id = $1 AND status = 'open'",
+                            key_id)
+    if int(spent) + int(held) + credit > limit.limit_micro:
+        raise KeySpendLimitReached(limit, int(spent) + int(held))
+
+
 # Marks an open hold released and returns it as it was (a CTE sees the row before the update).
 RELEASE = """
 WITH old AS (SELECT * FROM holds WHERE call_id = $1 AND status = 'open' AND lease_until < $2 FOR UPDATE)
@@ -103,8 +116,20 @@ class PostgresLedger:
         async with self._pool.acquire() as c, c.transaction():
             return await _credit(c, account_id, amount_micro, kind, ref)
 
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        async with self._pool.acquire() as c, c.transaction():
+            balance = await c.fetchval("UPDATE accounts SET balance_micro = balance_micro + $1 WHERE id = $2 "
+                                       "AND balance_micro + $1 >= 0 RETURNING balance_micro", amount_micro, account_id)
+            if balance is None:
+                return None
+            await c.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) "
+                            "VALUES ($1,$2,'adjustment',$3,$4)", account_id, amount_micro, reason, now())
+            return balance
+
     async def reserve(self, h: HoldRequest) -> Reserved | None:
         async with self._pool.acquire() as c, c.transaction():
+            if h.key_limit is not None:      # the key's row lock: its reserves take turns, so none overshoots
+                await c.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE", h.key_id)
             taken, free = 0, h.free
             if free is not None and free.want > 0:
                 # The upsert locks the day's row: concurrent reserves of one account take turns.
@@ -114,6 +139,8 @@ class PostgresLedger:
                     h.account_id, free.day)
                 taken = max(0, min(free.want, free.daily - used, h.amount_micro))
             credit = h.amount_micro - taken
+            if h.key_limit is not None:
+                await _check_key_limit(c, h.key_id, h.key_limit, credit)
             debited = await c.execute("UPDATE accounts SET balance_micro = balance_micro - $1 "
                                       "WHERE id = $2 AND balance_micro >= $1", credit, h.account_id)
             if _changed(debited) != 1:
@@ -166,11 +193,16 @@ class PostgresLedger:
         async with self._pool.acquire() as c, c.transaction():
             # Lock the account first: two orders of one account at once see each other.
             await c.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", o.account_id)
+            done = await c.fetchval("SELECT bonus_micro FROM credit_orders WHERE claim_key = $1", o.claim_key)
+            if done is not None:         # credited before (a retry after a crash): never twice
+                return done, await c.fetchval("SELECT balance_micro FROM accounts WHERE id = $1", o.account_id)
             first = await c.fetchval("SELECT 1 FROM credit_orders WHERE account_id = $1 LIMIT 1", o.account_id) is None
             bonus = o.bonus_first_micro if first else o.bonus_micro
             await c.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, "
                             "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)", o.order_id, o.account_id, o.usd_micro,
                             bonus, o.claim_key, o.tx, now())
+            await c.execute("UPDATE x402_payments SET status = 'settled', tx = $1, reason = NULL, settled_at = $2 "
+                            "WHERE claim_key = $3", o.tx, now(), o.claim_key)
             balance = await _credit(c, o.account_id, o.usd_micro, "purchase", o.order_id)
             if bonus:
                 balance = await _credit(c, o.account_id, bonus, "bonus", o.order_id)
@@ -186,6 +218,14 @@ class PostgresLedger:
         at = int(time.time() if at is None else at)
         rows = await self._pool.fetch("SELECT call_id FROM holds WHERE status = 'open' AND lease_until < $1", at)
         return sum([await self._release(r["call_id"], at, crashed=True) for r in rows])
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._pool.execute("UPDATE holds SET upstream_job = $1 WHERE call_id = $2", job, call_id)
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        rows = await self._pool.fetch("SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL "
+                                      "AND status <> 'open'")
+        return [(r["call_id"], r["upstream_job"]) for r in rows]
 
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
@@ -204,12 +244,18 @@ class PostgresKeys:
             return account_id
 
     @staticmethod
-    async def _insert(c, account_id: int, key_hash: str, prefix: str, name: str | None) -> int:
-        return await c.fetchval("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) "
-                                "VALUES ($1,$2,$3,$4,$5) RETURNING id", account_id, key_hash, prefix, name, now())
+    async def _insert(c, account_id: int, key_hash: str, prefix: str, name: str | None,
+                      policy: KeyPolicy | None = None) -> int:
+        p = policy or KeyPolicy()
+        return await c.fetchval("INSERT INTO api_keys (account_id, hash, prefix, name, created_at, expires_at, "
+                                "spend_limit_micro, spend_period, models) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) "
+                                "RETURNING id", account_id, key_hash, prefix, name, now(), p.expires_at,
+                                p.spend_limit_micro, p.spend_period,
+                                None if p.models is None else json.dumps(list(p.models)))
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int:
-        return await self._insert(self._pool, account_id, key_hash, prefix, name)
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int:
+        return await self._insert(self._pool, account_id, key_hash, prefix, name, policy)
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = $1", key_hash)

@@ -17,6 +17,32 @@ class FreeAsk:
     daily: int
 
 
+@dataclass(slots=True, frozen=True)
+class KeyPolicy:
+    """What an operator may restrict on one key; None everywhere means no restriction."""
+    expires_at: int | None = None
+    spend_limit_micro: int | None = None
+    spend_period: str | None = None
+    models: tuple[str, ...] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class KeyLimit:
+    """A key's spend limit for the current period: at most `limit_micro` charged to
+    credits since `since` (the start of this UTC day or month), holds in flight included."""
+    limit_micro: int
+    period: str             # day | month
+    since: int
+
+
+class KeySpendLimitReached(Exception):
+    """A reserve that would take a key past its spend limit (nothing was changed)."""
+
+    def __init__(self, limit: KeyLimit, spent_micro: int):
+        super().__init__(f"key spend limit reached: {limit.limit_micro} micro-USD a {limit.period}")
+        self.limit, self.spent_micro = limit, spent_micro
+
+
 @dataclass(slots=True)
 class HoldRequest:
     """Money to set aside for one call, and what a usage row needs if its process dies."""
@@ -29,6 +55,7 @@ class HoldRequest:
     endpoint: str = ""
     requested_model: str | None = None
     model: str | None = None
+    key_limit: KeyLimit | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,6 +135,10 @@ class KeyRecord:
     agent_id: int | None
     created_at: int
     revoked_at: int | None
+    expires_at: int | None = None
+    spend_limit_micro: int | None = None
+    spend_period: str | None = None          # day | month, with spend_limit_micro
+    models: str | None = None                # JSON list of the model ids it may call; None: any
 
     @property
     def revoked(self) -> bool:

@@ -10,6 +10,7 @@ as durable as one transaction each, at a fraction of the cost under load.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,15 +19,16 @@ from typing import Any, Callable, TypeVar
 
 from . import for_engine, now, statements
 from .records import (
-    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyRecord, PaymentClaim, Reserved, Settlement,
-    UnfinishedPayment, UsageRow, crashed_usage,
+    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_usage,
 )
 from .schema import migrations
 
 T = TypeVar("T")
 USAGE_INSERT = (f"INSERT OR IGNORE INTO usage ({', '.join(USAGE_FIELDS)}) "
                 f"VALUES ({', '.join('?' * len(USAGE_FIELDS))})")
-KEY_COLUMNS = "id, account_id, prefix, name, agent_id, created_at, revoked_at"
+KEY_COLUMNS = ("id, account_id, prefix, name, agent_id, created_at, revoked_at, expires_at, spend_limit_micro, "
+               "spend_period, models")
 
 
 class Engine:
@@ -137,6 +139,28 @@ def _credit(conn, account_id: int, amount: int, kind: str, ref: str | None) -> i
     return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
 
 
+def _adjust(conn, account_id: int, amount: int, reason: str) -> int | None:
+    """A signed ledger entry by the operator; a negative one only while the balance covers it."""
+    cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro + ? WHERE id = ? AND balance_micro + ? >= 0",
+                       (amount, account_id, amount))
+    if cur.rowcount != 1:
+        return None
+    conn.execute("INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at) VALUES (?,?,?,?,?)",
+                 (account_id, amount, "adjustment", reason, now()))
+    return conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (account_id,)).fetchone()[0]
+
+
+def _check_key_limit(conn, key_id: int, limit: KeyLimit, credit: int) -> None:
+    """Charged since the period began plus holds in flight plus this one, within the limit
+    (one writer at a time: nothing can slip in between the sum and the hold)."""
+    spent = conn.execute("SELECT COALESCE(SUM(usd_micro), 0) FROM usage WHERE key_id = ? AND created_at >= ?",
+                         (key_id, limit.since)).fetchone()[0]
+    held = conn.execute("SELECT COALESCE(SUM(amount_micro), 0) FROM holds WHERE key_id = ? AND status = 'open'",
+                        (key_id,)).fetchone()[0]
+    if spent + held + credit > limit.limit_micro:
+        raise KeySpendLimitReached(limit, spent + held)
+
+
 def _reserve(conn, h: HoldRequest, owner: str, lease_until: int) -> Reserved | None:
     taken, free = 0, h.free
     if free is not None and free.want > 0:
@@ -146,6 +170,8 @@ def _reserve(conn, h: HoldRequest, owner: str, lease_until: int) -> Reserved | N
                             (h.account_id, free.day)).fetchone()[0]
         taken = max(0, min(free.want, free.daily - used, h.amount_micro))
     credit = h.amount_micro - taken
+    if h.key_limit is not None:
+        _check_key_limit(conn, h.key_id, h.key_limit, credit)
     cur = conn.execute("UPDATE accounts SET balance_micro = balance_micro - ? WHERE id = ? AND balance_micro >= ?",
                        (credit, h.account_id, credit))
     if cur.rowcount != 1:
@@ -202,10 +228,15 @@ def _release_expired(conn, at: int) -> int:
 
 
 def _purchase(conn, o: CreditPurchase) -> tuple[int, int]:
+    done = conn.execute("SELECT bonus_micro FROM credit_orders WHERE claim_key = ?", (o.claim_key,)).fetchone()
+    if done is not None:                 # credited before (a retry after a crash): never twice
+        return done[0], conn.execute("SELECT balance_micro FROM accounts WHERE id = ?", (o.account_id,)).fetchone()[0]
     first = conn.execute("SELECT 1 FROM credit_orders WHERE account_id = ? LIMIT 1", (o.account_id,)).fetchone() is None
     bonus = o.bonus_first_micro if first else o.bonus_micro
     conn.execute("INSERT INTO credit_orders (id, account_id, usd_micro, bonus_micro, claim_key, tx, created_at) "
                  "VALUES (?,?,?,?,?,?,?)", (o.order_id, o.account_id, o.usd_micro, bonus, o.claim_key, o.tx, now()))
+    conn.execute("UPDATE x402_payments SET status = 'settled', tx = ?, reason = NULL, settled_at = ? "
+                 "WHERE claim_key = ?", (o.tx, now(), o.claim_key))
     balance = _credit(conn, o.account_id, o.usd_micro, "purchase", o.order_id)
     if bonus:
         balance = _credit(conn, o.account_id, bonus, "bonus", o.order_id)
@@ -218,6 +249,9 @@ class SQLiteLedger:
 
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         return await self._db.transaction(_credit, account_id, amount_micro, kind, ref)
+
+    async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
+        return await self._db.transaction(_adjust, account_id, amount_micro, reason)
 
     async def reserve(self, hold: HoldRequest) -> Reserved | None:
         return await self._db.transaction(_reserve, hold, self._owner, now() + self._lease)
@@ -247,6 +281,13 @@ class SQLiteLedger:
     async def release_expired(self, at: float | None = None) -> int:
         return await self._db.transaction(_release_expired, int(time.time() if at is None else at))
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._db.transaction(_rowcount, "UPDATE holds SET upstream_job = ? WHERE call_id = ?", (job, call_id))
+
+    async def orphaned_jobs(self) -> list[tuple[str, str]]:
+        return [tuple(r) for r in await self._db.run(
+            _all, "SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL AND status <> 'open'")]
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 
@@ -262,9 +303,13 @@ def _rowcount(conn, sql: str, params: tuple = ()) -> int:
     return conn.execute(sql, params).rowcount
 
 
-def _create_key(conn, account_id: int, key_hash: str, prefix: str, name: str | None) -> int:
-    return conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at) VALUES (?,?,?,?,?)",
-                        (account_id, key_hash, prefix, name, now())).lastrowid
+def _create_key(conn, account_id: int, key_hash: str, prefix: str, name: str | None,
+                policy: KeyPolicy | None = None) -> int:
+    p = policy or KeyPolicy()
+    return conn.execute("INSERT INTO api_keys (account_id, hash, prefix, name, created_at, expires_at, "
+                        "spend_limit_micro, spend_period, models) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (account_id, key_hash, prefix, name, now(), p.expires_at, p.spend_limit_micro, p.spend_period,
+                         None if p.models is None else json.dumps(list(p.models)))).lastrowid
 
 
 def _create_account(conn, name: str | None, key_hash: str, prefix: str, credits: int) -> int:
@@ -287,8 +332,9 @@ class SQLiteKeys:
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
         return await self._db.transaction(_create_account, name, key_hash, prefix, credits_micro)
 
-    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None) -> int:
-        return await self._db.transaction(_create_key, account_id, key_hash, prefix, name)
+    async def create(self, account_id: int, key_hash: str, prefix: str, name: str | None = None,
+                     policy: KeyPolicy | None = None) -> int:
+        return await self._db.transaction(_create_key, account_id, key_hash, prefix, name, policy)
 
     async def get(self, key_hash: str) -> KeyRecord | None:
         row = await self._db.run(_one, f"SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?", (key_hash,))

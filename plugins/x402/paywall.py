@@ -77,7 +77,10 @@ class Paywall:
         return {"url": self.public_url + path, "description": description, "mimeType": "application/json"}
 
     async def accept(self, headers, usd_micro: int, *, discounts: bool, resource: dict[str, str], ref: str,
-                     store: Storage, http: aiohttp.ClientSession, metered: bool = False) -> Accepted:
+                     store: Storage, http: aiohttp.ClientSession, metered: bool = False,
+                     purchase: dict[str, Any] | None = None) -> Accepted:
+        """Verify and claim a payment. `metered` calls and credit `purchase`s (the order to
+        credit, recorded with the claim) can be finished by another process if this one dies."""
         offers = self.offers(usd_micro, discounts=discounts, metered=metered)
         payment = read_payment(headers)
         if payment is None:
@@ -93,12 +96,16 @@ class Paywall:
         if not verdict.get("isValid"):
             reason = verdict.get("invalidReason") or "invalid_payment"
             raise self._refusal(offers, resource, reason, f"the facilitator refused the payment ({reason})")
-        accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource, recoverable=metered)
+        recoverable = metered or purchase is not None
+        accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource,
+                            recoverable=recoverable)
         r = offer.requirement
         recovery = {}
-        if metered:                      # what another process needs to finish this call's payment
-            recovery = {"settle_with": orjson.dumps({"version": payment.version, "payload": payment.payload,
-                                                     "requirement": accepted.requirement}).decode(),
+        if recoverable:                  # what another process needs to finish this payment
+            settle_with = {"version": payment.version, "payload": payment.payload, "requirement": accepted.requirement}
+            if purchase is not None:
+                settle_with["purchase"] = purchase
+            recovery = {"settle_with": orjson.dumps(settle_with).decode(),
                         "deadline": self._deadline(payment, offer)}
         claim = PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"], offer.usd_paid_micro, ref,
                              scheme=offer.scheme, **recovery)
@@ -184,11 +191,12 @@ class Paywall:
             return {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
 
     async def settle(self, accepted: Accepted, store: Storage, http: aiohttp.ClientSession,
-                     amount: int | None = None) -> dict[str, Any]:
+                     amount: int | None = None, *, record_success: bool = True) -> dict[str, Any]:
         """Settle once the work is done: the offer's amount (exact), or `amount` units (upto,
         at most the signed maximum). A call's payment is recorded as owed first, so that if
         this process dies now another finishes it. Returns the settlement (success or not);
-        a failure is logged and recorded, never raised."""
+        a failure is logged and recorded, never raised. With `record_success=False` the
+        caller records a success itself, in its own transaction (a credit purchase)."""
         offer = accepted.offer
         owed = amount if amount is not None else int(offer.requirement["amount"])
         worth = offer.asset.worth(owed) if amount is not None else offer.usd_paid_micro
@@ -199,9 +207,10 @@ class Paywall:
         ok = bool(result.get("success"))
         if ok and amount is not None:
             result.setdefault("amount", str(amount))
-        await store.payments.record(accepted.claim_key, "settled" if ok else "settle_failed",
-                                    result.get("transaction"), result.get("errorReason"), amount=amount,
-                                    usd_micro=worth if amount is not None else None)
+        if record_success or not ok:
+            await store.payments.record(accepted.claim_key, "settled" if ok else "settle_failed",
+                                        result.get("transaction"), result.get("errorReason"), amount=amount,
+                                        usd_micro=worth if amount is not None else None)
         if not ok:
             log.warning("x402_settle_failed", claim=accepted.claim_key, reason=result.get("errorReason"))
         return self._answer(accepted, result)

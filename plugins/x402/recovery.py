@@ -6,7 +6,10 @@ on it while the call runs, as for holds. When a lease expires, another process (
 one after a restart) adopts the payment and finishes it as the record says: a call that
 had not been priced settles nothing; a priced one is settled for what it owed, if the
 authorization is still valid. Adopting is one conditional update, so exactly one process
-finishes each payment.
+finishes each payment. A credit purchase (its order recorded with the claim) that was
+being settled is settled again: success, or the facilitator saying this authorization
+was already used (our settle went through before the crash), credits the order in the
+transaction that marks the payment settled, once.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ async def finish_unfinished(storage, paywall, http) -> int:
 
 async def _finish(storage, paywall, http, p: UnfinishedPayment) -> None:
     nothing = 0 if p.scheme == "upto" else None
+    data = orjson.loads(p.settle_with)
     if p.due is None:
         await storage.payments.record(p.claim_key, "unused", None, "crashed_before_priced", amount=nothing,
                                       usd_micro=nothing)
@@ -43,14 +47,30 @@ async def _finish(storage, paywall, http, p: UnfinishedPayment) -> None:
         await storage.payments.record(p.claim_key, "settle_failed", None, "authorization_expired")
         log.error("x402_payment_expired_before_settlement", call=p.ref, due=p.due)
         return
-    data = orjson.loads(p.settle_with)
     amount = int(p.due) if p.scheme == "upto" else None
     result = await paywall.settle_owed(data["version"], data["payload"], data["requirement"], amount, http)
     ok = bool(result.get("success"))
+    if data.get("purchase") and (ok or settled_before(result)):
+        await _credit_purchase(storage, data["purchase"], p, result, ok)
+        return
     await storage.payments.record(p.claim_key, "settled" if ok else "settle_failed", result.get("transaction"),
                                   result.get("errorReason"), amount=amount)
     log.warning("x402_payment_finished_after_crash", call=p.ref, settled=ok, due=p.due,
                 reason=result.get("errorReason"))
+
+
+def settled_before(result: dict) -> bool:
+    """The facilitator refuses to settle because this very authorization was already used:
+    the transfer to us happened (our own settle went through before the crash)."""
+    reason = str(result.get("errorReason") or "")
+    return "nonce" in reason and "used" in reason
+
+
+async def _credit_purchase(storage, order: dict, p: UnfinishedPayment, result: dict, settled_now: bool) -> None:
+    from plugins.credits import credit_purchase
+    await storage.ledger.purchase(credit_purchase(order, p.claim_key, result.get("transaction") or None))
+    log.warning("credit_purchase_finished_after_crash", order=order["order_id"], account=order["account_id"],
+                usd_micro=order["usd_micro"], settled_now=settled_now)
 
 
 async def keep_finishing(storage, paywall, http) -> None:

@@ -74,6 +74,15 @@ class FakeFacilitator:
     upto_address: str | None = None                    # set: it settles upto on eip155:84532
     upto_settled: list = field(default_factory=list)   # (payer, nonce, amount) per upto settlement
     settle_gate: object = None                         # an asyncio.Event /settle waits on, when set
+    exact_settled: list = field(default_factory=list)  # (payer, nonce, value) per exact settlement
+    # Called with "verify" (before answering a verify), "settle" (a settle arrived, nothing
+    # moved yet) and "settled" (the transfer is done, the answer not yet sent): a test can
+    # kill the gateway at each of those moments.
+    on_step: object = None
+
+    def step(self, name: str) -> None:
+        if self.on_step is not None:
+            self.on_step(name)
 
     @property
     def app(self) -> web.Application:
@@ -134,6 +143,7 @@ class FakeFacilitator:
         body = await request.json()
         self.calls.append(("verify", body))
         reason, payer = self.check(body)
+        self.step("verify")
         return web.json_response({"isValid": reason is None, "invalidReason": reason, "payer": payer})
 
     async def settle(self, request: web.Request) -> web.Response:
@@ -142,6 +152,7 @@ class FakeFacilitator:
         if self.settle_gate is not None:
             await self.settle_gate.wait()
         network = body["paymentRequirements"]["network"]
+        self.step("settle")
         if body["paymentRequirements"].get("scheme") == "upto":
             return self.settle_upto(body)
         reason, payer = self.check(body, "settle")
@@ -154,6 +165,8 @@ class FakeFacilitator:
         self.used_nonces.add((req["network"], req["asset"].lower(), auth["nonce"]))
         tx = "0x" + secrets.token_hex(32)
         self.settled.append(tx)
+        self.exact_settled.append((payer, auth["nonce"], int(auth["value"])))
+        self.step("settled")
         return web.json_response({"success": True, "transaction": tx, "network": network, "payer": payer})
 
     def settle_upto(self, body: dict) -> web.Response:

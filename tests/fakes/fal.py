@@ -65,6 +65,7 @@ class FakeFal(MediaUpstream):
         super().__init__(api_key)
         self.endpoints = set(DEFAULT_ENDPOINTS if endpoints is None else endpoints)
         self.cancelled: list[str] = []  # request ids the client asked to cancel
+        self.queue_host: str | None = None  # answer queue URLs on this host:port instead (another origin)
         router = self.app.router
         router.add_get("/{owner}/{app}/requests/{request_id}/status", self._status)
         router.add_put("/{owner}/{app}/requests/{request_id}/cancel", self._cancel)
@@ -87,7 +88,7 @@ class FakeFal(MediaUpstream):
             return detail_response(reply.error_status, reply.fail or "fake upstream error")
         owner, app = endpoint.split("/")[:2]
         job = self.new_job(uuid_id(), reply, body, route=f"{owner}/{app}")
-        urls = job_urls(request, job)
+        urls = job_urls(request, job, self.queue_host)
         return json_response(
             {"request_id": job.id, "status": "IN_QUEUE", "queue_position": 0, **urls},
             headers={"x-fal-request-id": job.id},
@@ -143,8 +144,10 @@ class FakeFal(MediaUpstream):
         return endpoint
 
     def owned_job(self, recorded: RecordedRequest, request: web.Request) -> Job:
-        """The job behind a queue URL; a request id polled under another app is not found."""
-        check_auth(recorded.headers, self.api_key)
+        """The job behind a queue URL; a request id polled under another app is not found.
+        URLs on `queue_host` are capability URLs (like signed CDN links): no key needed."""
+        if request.host != self.queue_host:
+            check_auth(recorded.headers, self.api_key)
         info = request.match_info
         job = self.jobs.get(info["request_id"])
         if job is None or job.route != f"{info['owner']}/{info['app']}":
@@ -183,9 +186,10 @@ class FakeFal(MediaUpstream):
 # ---------------------------------------------------------------- wire shapes
 
 
-def job_urls(request: web.Request, job: Job) -> dict[str, str]:
+def job_urls(request: web.Request, job: Job, host: str | None = None) -> dict[str, str]:
     """Queue URLs under owner/app only: the subpath is dropped, as upstream does."""
-    base = f"{base_url(request)}/{job.route}/requests/{job.id}"
+    origin = f"{request.scheme}://{host}" if host else base_url(request)
+    base = f"{origin}/{job.route}/requests/{job.id}"
     return {"response_url": base, "status_url": f"{base}/status", "cancel_url": f"{base}/cancel"}
 
 

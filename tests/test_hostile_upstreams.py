@@ -1,0 +1,152 @@
+"""Upstreams that stall, drip, flood or talk nonsense: every call ends in time with a 502,
+the hold is released, nothing is charged, and the upstream connection is closed."""
+import asyncio
+import time
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, openai_upstream
+from tests.fakes.script import Reply
+
+OK_BODY = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,' \
+        b'"delta":{"role":"assistant","content":"hel"},"finish_reason":null}]}\n\n'
+
+
+class Hostile:
+    """One upstream that misbehaves the way a test says, and notes when its client left."""
+
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.closed_at: float | None = None
+        self.app = web.Application()
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        try:
+            return await self.behaviour(request)
+        except BaseException:           # the gateway hung up (reset, or our handler cancelled)
+            self.closed_at = time.monotonic()
+            raise
+
+
+async def drip_json(request):
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    for _ in range(400):                # one byte every 50 ms: never silent, never done
+        await resp.write(b" ")
+        await asyncio.sleep(0.05)
+    return resp
+
+
+async def silent_stream(request):
+    await asyncio.sleep(20)
+    return web.Response()
+
+
+async def stalled_stream(request):
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(CHUNK)
+    await asyncio.sleep(20)
+    return resp
+
+
+def flood(total_mb: int, sse: bool = False):
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"x":"' if sse else b'{"x":"')
+        block = b"a" * 1_000_000
+        for _ in range(total_mb):
+            await resp.write(block)
+        await resp.write(b'"}\n\n' if sse else b'"}')
+        return resp
+    return handler
+
+
+@pytest.fixture
+def hostile_gw(aiohttp_server, start_gateway):
+    async def start(behaviour, **settings):
+        up = Hostile(behaviour)
+        server = await aiohttp_server(up.app)
+        gw = await start_gateway({
+            "providers": {"bad": {"type": "openai", "base_url": str(server.make_url("/v1")), "api_key": "sk-bad-1",
+                                  **settings}},
+            "models": {"chat": DEMO_MODELS + [{"id": "bad/gpt", "provider": "bad", "upstream": "gpt-4o-mini",
+                                               **UPSTREAM_PRICES}]}})
+        key, account = await gw.key(1)
+        return gw, up, key, account
+    return start
+
+
+async def assert_uncharged(gw, account):
+    assert await gw.balance(account) == MICRO == await gw.ledger_sum(account)
+    assert tuple(await gw.store.fetchone("SELECT COUNT(*) FROM holds WHERE status = 'open'")) == (0,)
+
+
+async def test_a_dripping_upstream_meets_the_total_deadline(hostile_gw):
+    gw, up, key, account = await hostile_gw(drip_json, total_timeout_seconds=1)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.openai(key, timeout=15).chat.completions.create(
+            model="bad/gpt", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 502 and time.monotonic() - started < 4
+    await asyncio.sleep(0.3)
+    assert up.closed_at is not None and up.closed_at - started < 4          # the upstream was hung up on
+    await assert_uncharged(gw, account)
+
+
+async def test_a_silent_stream_meets_the_first_byte_deadline(hostile_gw):
+    gw, up, key, account = await hostile_gw(silent_stream, first_byte_timeout_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.openai(key, timeout=15).chat.completions.create(
+            model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err.value.status_code == 502 and "in time" in err.value.message
+    assert time.monotonic() - started < 3
+    await assert_uncharged(gw, account)
+
+
+async def test_a_stalled_stream_meets_the_idle_deadline(hostile_gw):
+    gw, up, key, account = await hostile_gw(stalled_stream, idle_timeout_seconds=0.5)
+    started = time.monotonic()
+    stream = await gw.openai(key, timeout=15).chat.completions.create(
+        model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    with pytest.raises(openai.APIError, match="stopped sending"):
+        async for _ in stream:
+            pass
+    assert time.monotonic() - started < 3
+    await asyncio.sleep(0.3)
+    assert up.closed_at is not None
+    await assert_uncharged(gw, account)
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse-event"])
+async def test_an_oversized_answer_is_dropped_with_a_502(hostile_gw, sse):
+    gw, up, key, account = await hostile_gw(flood(6, sse), max_response_mb=2, max_event_mb=2)
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.openai(key, timeout=15).chat.completions.create(
+            model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=sse)
+    assert err.value.status_code == 502
+    assert "larger than 2 MB" in err.value.message or "more than 2 MB" in err.value.message
+    await assert_uncharged(gw, account)
+
+
+async def test_an_upstream_echoing_the_key_never_leaks_it(fake_openai, start_gateway):
+    fake_openai.enqueue(Reply(error_status=400, error_message=(
+        "bad request; you sent Authorization: Bearer sk-test-upstream and X-Other: Bearer abcdefgh12345678")))
+    gw = await start_gateway(openai_upstream(fake_openai))
+    key, account = await gw.key(1)
+    with pytest.raises(openai.BadRequestError) as err:
+        await gw.openai(key).chat.completions.create(model="up/gpt", messages=[{"role": "user", "content": "hi"}])
+    text = orjson.dumps(err.value.body).decode()
+    assert "sk-test-upstream" not in text and "abcdefgh12345678" not in text
+    assert "bad request; you sent Authorization: Bearer [redacted]" in text        # the rest is kept
+    await assert_uncharged(gw, account)
