@@ -112,6 +112,7 @@ class Cluster:
             await client.close()
         if self._storage is not None:
             await self._storage.close()
+            self._storage = None          # a check after the stop opens it again
         for proc in self.procs:
             if proc is not None:
                 await asyncio.to_thread(stop_process, proc, 45.0)

@@ -38,6 +38,7 @@ async def test_sigterm_to_the_parent_stops_every_worker_after_in_flight_streams(
     assert all(gone(pid) for pid in children)
     assert await c.scalar("SELECT COUNT(*) FROM holds WHERE status = 'open'") == 0
     balance, ledger = await c.money(account)
+    await c.stop()                                                     # closes the checks' connection
     assert 0 < balance < 1_000_000 and balance == ledger
 
 
