@@ -1,6 +1,6 @@
-"""`redis:` in the YAML as an operator writes it: checked at load, and a Redis that cannot
-be reached stops start-up with a message (no traceback). The shipped scale-out example
-config stays valid."""
+"""`redis:` in the YAML as an operator writes it: checked at load, a Redis that cannot be
+reached stops start-up with a message (no traceback), and a Redis lost while running makes
+limited calls fail closed. The shipped scale-out example config stays valid."""
 import os
 import subprocess
 
@@ -38,3 +38,18 @@ def test_the_scale_out_example_config_is_valid(tmp_path):
     out = run("check", "--config", str(ROOT / "docs/examples/scale-out.yaml"), cwd=tmp_path,
               env={"POSTGRES_PASSWORD": "example"})
     assert out.returncode == 0, out.stderr
+
+
+async def test_limits_fail_closed_with_503_while_redis_is_down(start_gateway, tmp_path):
+    from tests.servers import RedisServer
+    from tests.test_moderation_limits import HI, post
+    redis = RedisServer(tmp_path)
+    try:
+        gw = await start_gateway({"redis": redis.url, "limits": {"per_key": {"rpm": 100}}})
+        key, account = await gw.key(1)
+        assert (await post(gw, "/api/v1/chat/completions", HI, key))[0] == 200
+    finally:
+        redis.stop()
+    status, err, headers = await post(gw, "/api/v1/chat/completions", HI, key)
+    assert status == 503 and err["error"]["code"] == "rate_limit_store_unavailable" and headers["Retry-After"] == "1"
+    assert await gw.balance(account) == await gw.ledger_sum(account)        # refused before any hold
