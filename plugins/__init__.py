@@ -36,6 +36,7 @@ DEFAULT_PLUGINS = (
     "plugins.routing",
     "plugins.router",
     "plugins.router_eval",
+    "plugins.router_train",
     "plugins.billing",
     "plugins.allowance",
     "plugins.x402",

@@ -14,12 +14,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import hookimpl
-from .admin import render, reports
+from .admin import render
 from .accounts import require_key
 from .appstate import STORE
 from .auth import display_prefix, hash_key, key_changed, new_key
 from .errors import GatewayError, bad_request
 from .formats.base import json_response, read_json
+from .storage import reports
 
 MAX_NAME = 60
 

@@ -13,6 +13,7 @@ from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError
 from .storage import KeyLimit, KeyPolicy, KeyRecord, KeySpendLimitReached
+from .storage.records import period_start
 
 PERIODS = ("day", "month")
 
@@ -22,15 +23,6 @@ def policy_of(key: KeyRecord) -> KeyPolicy | None:
         return None
     return KeyPolicy(key.expires_at, key.spend_limit_micro, key.spend_period,
                      tuple(json.loads(key.models)) if key.models is not None else None)
-
-
-def period_start(period: str, at: float) -> int:
-    ts = int(at)
-    day = ts - ts % 86400
-    if period == "day":
-        return day
-    moment = time.gmtime(ts)
-    return day - (moment.tm_mday - 1) * 86400
 
 
 def limit_for(policy: KeyPolicy | None, at: float | None = None) -> KeyLimit | None:

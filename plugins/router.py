@@ -3,8 +3,8 @@
 Chat (chat completions and responses; a key is required): a classifier chain rates the
 request easy, medium, hard or frontier, and `router.tiers` maps the rating to a model.
 1. `llm`: a configured cheap model is asked for one word, within `timeout_ms`;
-2. `heuristic`: local features (length, code, maths, multi-step and research markers,
-   tools), in microseconds;
+2. `local`: a linear model shipped in the package (`router_model`), trained on the
+   project's labelled set; it routes up when unsure (`router.heuristic: false` turns it off);
 3. `fallback`: `router.fallback` (default medium) when neither could decide.
 The billing block says which model answered, the difficulty and which classifier chose.
 
@@ -27,12 +27,14 @@ from . import hookimpl
 from .appstate import CONFIG, PROVIDERS
 from .context import CallContext
 from .errors import bad_request
+from .router_features import RoutingInput, from_messages
+from .router_model import TIERS, shipped
 from .routing import route_to
 from providers.types import ChatRequest, Message, TextPart, ToolResult
 
 ROUTER = web.AppKey("router", object)
 SMART = "svc/smart"
-DIFFICULTIES = ("easy", "medium", "hard", "frontier")
+DIFFICULTIES = TIERS
 QUALITIES = ("low", "medium", "high")
 log = structlog.get_logger("router")
 
@@ -40,36 +42,6 @@ RUBRIC = ("Rate how capable a model must be to answer the user's request well. A
           "easy (chit-chat, one fact, a one-step edit), medium (explanations, summaries, short code, emails), "
           "hard (multi-step reasoning, non-trivial code, proofs, design), frontier (research-level or expert work "
           "with many constraints).")
-# Heuristic features. Each pattern is a marker of the work a request asks for; several
-# languages are covered for the most telling verbs. Tuned on half of the labelled set
-# (odd ids) and checked on the other half: see `gateway router-eval`.
-TASK = re.compile(r"\b(explain|describe|difference|summari[sz]e|compare|write (a|an|me)|draft|convert|rewrite|"
-                  r"outline|email|e-mail|letter|post|essay|recipe|how (do|does|can|to)|why (do|does|is)|"
-                  r"use the \w+ tool|call \w+|list (the|some|\d)|give (me )?(two|three|\d))\b|"
-                  r"explica|erkl[äa]r|expliqu|explique|schreib|escrib|[ée]cri|escreva|解释|説明|写一|書いて", re.I)
-HARD = re.compile(r"\b(prove|proof|show that|derive|implement|algorithm|complexity|o\(n|deadlock|race condition|"
-                  r"bug|debug|refactor|parser|compiler|interpreter|schedul|optimi[sz]|design (a|an|the)|"
-                  r"architecture|trade-?offs?|sql|query|recursive|dynamic programming|concurren|thread|mutex|"
-                  r"coroutine|cache|distributed|scal(e|able|ing)|generali[sz]e|invariant|converge|"
-                  r"eigen|integral|probabilit|theorem|lemma|unit tests?|write barrier|garbage collect|"
-                  r"retention|cohort|window function|join|index(es)?\b|transaction|consisten|analy[sz]e|"
-                  r"walk through|diagnos|latency|calculate|estimate|workflow|pipeline|trigger|cryptograph|"
-                  r"diseñ|analiz)|設計|设计|最適|优化", re.I)
-PROOF = re.compile(r"\b(prove|proof|show that|demuestr|beweis|d[ée]montr|demonstr)|证明|証明|導出", re.I)
-FRONTIER = re.compile(r"\b(research|novel|state[- ]of[- ]the[- ]art|formal(ly)? verif|verified|olympiad|"
-                      r"open problem|conjecture|first principles|rigorous(ly)?|lower[- ]bound|upper bound|"
-                      r"np-hard|undecidable|reduce from|byzantine|consensus|asymptotic|best-known|approximation "
-                      r"algorithm|optimal(ity)?|minimum number|find all|determine all|all (positive )?integers|"
-                      r"complete proof|full proof|characteri[sz]e|equality case|irrational|preprint|reproduce|"
-                      r"calibrat|coq|isabelle|lean 4|threshold theorem|multi-region|zero-downtime|threat model|"
-                      r"nation(al|wide)|hundreds of|millions of)\b|量子|百万", re.I)
-CODE = re.compile(r"```|\n\s*(def|class|func|fn|int|for|if|return|SELECT)\b|[{};]\s*\n|#include|=>|::", re.I)
-NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
-SIMPLE = re.compile(r"^\s*(hi|hello|hey|thanks|thank you|good (morning|night)|hola|bonjour|hallo|ciao|"
-                    r"what is the capital|what's the capital|how do you spell|spell|translate|define|"
-                    r"what (day|time|year)|who (is|was|wrote))\b", re.I)
-
-
 @dataclass
 class RouterSettings:
     tiers: dict[str, str] = field(default_factory=dict)
@@ -99,37 +71,11 @@ def gateway_configure(app, config):
     if problems:
         raise ConfigError([f"{config.path}: {p}" for p in problems])
     app[ROUTER] = settings
+    if settings.heuristic and settings.tiers:
+        shipped()                 # load the local classifier once, at start
 
 
 # ---- classifiers -------------------------------------------------------------------
-
-def heuristic(text: str, tools: bool = False) -> str | None:
-    """A difficulty from local features, or None when there is nothing to judge."""
-    text = text.strip()
-    if not text:
-        return None
-    wide = sum(1 for ch in text if ord(ch) > 0x2E80)          # CJK says more per character
-    length = len(text) + 2 * wide
-    score = 1.0 if TASK.search(text) else 0.0
-    score += min(3.0, 1.25 * len(HARD.findall(text)))
-    score += 2.0 if PROOF.search(text) else 0.0
-    score += min(4.0, 2.0 * len(FRONTIER.findall(text)))
-    score += 0.75 if CODE.search(text) else 0.0
-    numbers = len(NUMBER.findall(text))
-    score += 1.25 if numbers >= 5 else 0.5 if numbers >= 3 else 0.0
-    score += 0.5 if length > 250 else 0.0
-    score += 0.5 if length > 900 else 0.0
-    score += 0.25 if tools else 0.0
-    if SIMPLE.search(text) and length < 80:
-        score -= 1.0
-    if score < 0.75:
-        return "easy"
-    if score < 2.0:
-        return "medium"
-    if score < 3.75:
-        return "hard"
-    return "frontier"
-
 
 async def llm(app, text: str) -> str | None:
     settings: RouterSettings = app[ROUTER]
@@ -150,16 +96,26 @@ async def llm(app, text: str) -> str | None:
     return word.group(0) if word else None
 
 
-async def classify(app, text: str, tools: bool = False) -> tuple[str, str]:
-    """-> (difficulty, which classifier decided)."""
-    difficulty = await llm(app, text)
+def routing_input(chat: ChatRequest) -> RoutingInput:
+    return from_messages([(m.role, m.text(), m.role == "tool" or any(isinstance(p, ToolResult) for p in m.parts))
+                          for m in chat.messages], len(chat.tools))
+
+
+async def classify(app, chat: ChatRequest) -> tuple[str, str, str]:
+    """-> (difficulty, which classifier decided, what to add to the billing note)."""
+    difficulty = await llm(app, request_text(chat))
     if difficulty:
-        return difficulty, "llm"
-    if app[ROUTER].heuristic:
-        difficulty = heuristic(text, tools)
-        if difficulty:
-            return difficulty, "heuristic"
-    return app[ROUTER].fallback, "fallback"
+        return difficulty, "llm", ""
+    model = shipped() if app[ROUTER].heuristic else None
+    inp = routing_input(chat)
+    if model is not None and inp.last.strip():
+        decision = model.decide(inp)
+        note = ""
+        if decision.routed_up:
+            p = decision.probabilities[DIFFICULTIES.index(decision.likeliest)]
+            note = f"; routed up from {decision.likeliest} (unsure: p={p:.2f})"
+        return decision.tier, "local", note
+    return app[ROUTER].fallback, "fallback", ""
 
 
 def request_text(chat: ChatRequest) -> str:
@@ -183,10 +139,10 @@ async def gateway_select_route(ctx: CallContext):
         return _media_route(ctx, settings)
     if not settings.tiers:
         raise bad_request("svc/smart is not configured on this gateway", param="model")
-    difficulty, how = await classify(ctx.request.app, request_text(ctx.chat), bool(ctx.chat.tools))
+    difficulty, how, why = await classify(ctx.request.app, ctx.chat)
     route = route_to(ctx, settings.tiers[difficulty], requested=SMART)
     route.extra.update(difficulty=difficulty, classifier=how)
-    route.notes.append(f"svc/smart routed to {route.model.id} ({difficulty}, by {how})")
+    route.notes.append(f"svc/smart routed to {route.model.id} ({difficulty}, by {how}{why})")
     return route
 
 

@@ -1,15 +1,20 @@
-"""`gateway router-eval`: how well svc/smart's classifier rates a labelled set, and what
-smart routing costs against always using the frontier tier.
+"""`gateway router-eval`: how well svc/smart's local classifier rates a labelled set, and what
+smart routing costs against always using the frontier tier and against perfect labels.
 
-Cost model: each prompt's input is its token estimate; its output is what a prompt of
-its TRUE difficulty typically needs (easy 150, medium 400, hard 800, frontier 1,500
-tokens); prices are the configured tier models' service prices. "Under-routed" counts
-prompts sent to a tier below their label: the quality risk of saving money.
+It reads the test split of the labelled set by default (the model never saw it, and
+nothing was tuned on it); a file without splits is read whole. Cost model: each request's
+input is its token estimate; its output is what a request of its TRUE tier typically needs
+(easy 150, medium 400, hard 800, frontier 1,500 tokens); prices are the configured tier
+models' prices. "Under-routed" counts requests sent below their label: the quality risk.
+`--readme FILE` rewrites the block between the router-eval markers in FILE with the tables.
 """
 from __future__ import annotations
 
-import json
+import re
+import statistics
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import config as config_mod
@@ -17,49 +22,77 @@ from providers.types import estimate_tokens
 
 from . import hookimpl
 from .pricing import token_cost
-from .router import DIFFICULTIES, heuristic
+from .router_model import TIERS, shipped
+from .router_train import DEFAULT_SET, load_set, routing_input
 
 OUTPUT_TOKENS = {"easy": 150, "medium": 400, "hard": 800, "frontier": 1500}
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "bench" / "router_prompts.jsonl"
+BEGIN, END = "<!-- router-eval:begin -->", "<!-- router-eval:end -->"
 
 
-def evaluate(prompts: list[dict], tiers: dict[str, config_mod.ChatModel], *, split: bool = True) -> dict:
-    confusion = {t: {p: 0 for p in DIFFICULTIES} for t in DIFFICULTIES}
+def _rate(rows: list[tuple[int, int]]) -> dict:
+    n = len(rows)
+    return {"n": n, "exact": sum(t == g for t, g in rows) / n, "within_one": sum(abs(t - g) <= 1 for t, g in rows) / n,
+            "under": sum(g < t for t, g in rows) / n, "over": sum(g > t for t, g in rows) / n}
+
+
+def evaluate(items: list[dict], tiers: dict, model) -> dict:
+    rows, times, routed_up = [], [], 0
+    by = {"lang": defaultdict(list), "category": defaultdict(list), "group": defaultdict(list)}
     costs = {"smart": 0, "frontier": 0, "oracle": 0}
-    under = 0
-    for item in prompts:
-        truth, guess = item["tier"], heuristic(item["prompt"]) or "medium"
-        confusion[truth][guess] += 1
-        under += DIFFICULTIES.index(guess) < DIFFICULTIES.index(truth)
-        tokens_in, tokens_out = estimate_tokens(len(item["prompt"])), OUTPUT_TOKENS[truth]
-        for name, tier in (("smart", guess), ("frontier", "frontier"), ("oracle", truth)):
-            costs[name] += token_cost(tiers[tier], tokens_in, tokens_out)
-    total = len(prompts)
-    correct = sum(confusion[t][t] for t in DIFFICULTIES)
-    holdout = [p for p in prompts if p["id"][1:].isdigit() and int(p["id"][1:]) % 2 == 0]
-    return {"holdout": evaluate(holdout, tiers, split=False) if split and holdout else None, "total": total, "accuracy": correct / total, "within_one": sum(
-        confusion[t][p] for t in DIFFICULTIES for p in DIFFICULTIES
-        if abs(DIFFICULTIES.index(t) - DIFFICULTIES.index(p)) <= 1) / total,
-        "under_routed": under / total, "confusion": confusion, "costs": costs}
+    for item in items:
+        inp = routing_input(item)
+        started = time.perf_counter_ns()
+        decision = model.decide(inp)
+        times.append((time.perf_counter_ns() - started) / 1000)
+        truth, guess = TIERS.index(item["tier"]), TIERS.index(decision.tier)
+        routed_up += decision.routed_up
+        rows.append((truth, guess))
+        for key in ("lang", "category"):
+            by[key][item.get(key, "?")].append((truth, guess))
+        for group in item.get("groups", []):
+            by["group"][group].append((truth, guess))
+        chars = len(inp.last) + len(inp.history)
+        for name, tier in (("smart", decision.tier), ("frontier", "frontier"), ("oracle", item["tier"])):
+            costs[name] += token_cost(tiers[tier], estimate_tokens(chars), OUTPUT_TOKENS[item["tier"]])
+    confusion = [[sum(1 for t, g in rows if t == i and g == j) for j in range(len(TIERS))] for i in range(len(TIERS))]
+    times.sort()
+    return {**_rate(rows), "confusion": confusion, "routed_up": routed_up, "costs": costs,
+            "by": {k: {name: _rate(r) for name, r in sorted(v.items())} for k, v in by.items()},
+            "micros": {"median": statistics.median(times), "p99": times[int(0.99 * (len(times) - 1))],
+                       "max": times[-1]}}
 
 
-def report(result: dict, tiers: dict) -> str:
-    c = result["costs"]
-    lines = [f"Classifier: heuristic, {result['total']} labelled prompts",
-             "", "| prompts | accuracy | within one tier | under-routed |", "|---|---|---|---|",
-             f"| all {result['total']} | {result['accuracy']:.1%} | {result['within_one']:.1%} | "
-             f"{result['under_routed']:.1%} |",
-             f"| held out ({result['holdout']['total']}, even ids; tuned on the odd) | "
-             f"{result['holdout']['accuracy']:.1%} | {result['holdout']['within_one']:.1%} | "
-             f"{result['holdout']['under_routed']:.1%} |",
-             "", "| label \\ routed to | " + " | ".join(DIFFICULTIES) + " |", "|---" * 5 + "|"]
-    for t in DIFFICULTIES:
-        lines.append(f"| {t} | " + " | ".join(str(result["confusion"][t][p]) for p in DIFFICULTIES) + " |")
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def report(result: dict, tiers: dict, label: str) -> str:
+    r, c, t = result, result["costs"], result["micros"]
+    lines = [f"svc/smart local classifier on {label}: {r['n']} requests", "",
+             "| exact | within one tier | under-routed | over-routed | routed up when unsure |", "|---|---|---|---|---|",
+             f"| {_pct(r['exact'])} | {_pct(r['within_one'])} | {_pct(r['under'])} | {_pct(r['over'])} | "
+             f"{r['routed_up']} |", "",
+             "| label \\ routed to | " + " | ".join(TIERS) + " |", "|---" * 5 + "|"]
+    lines += [f"| {tier} | " + " | ".join(map(str, row)) + " |" for tier, row in zip(TIERS, r["confusion"])]
+    for key, title in (("lang", "language"), ("category", "category"), ("group", "hard group")):
+        lines += ["", f"| {title} | requests | exact | within one | under-routed |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['n']} | {_pct(s['exact'])} | {_pct(s['within_one'])} | {_pct(s['under'])} |"
+                  for name, s in r["by"][key].items()]
     lines += ["", "| routing | cost (USD) | vs always frontier |", "|---|---|---|"]
-    for name, label in (("frontier", "always frontier"), ("smart", "svc/smart"), ("oracle", "perfect labels")):
-        lines.append(f"| {label} | {c[name] / 1e6:.4f} | {c[name] / c['frontier']:.1%} |")
-    lines += ["", "Tiers: " + ", ".join(f"{t} = {tiers[t].id}" for t in DIFFICULTIES)]
+    for name, text in (("frontier", "always frontier"), ("smart", "svc/smart (local)"), ("oracle", "perfect labels")):
+        lines.append(f"| {text} | {c[name] / 1e6:.4f} | {c[name] / c['frontier']:.1%} |")
+    lines += ["", f"Decision time in this run (features and model, one request at a time): median "
+                  f"{t['median']:.0f} µs, p99 {t['p99']:.0f} µs.",
+              "Tiers priced: " + ", ".join(f"{tier} = {tiers[tier].id}" for tier in TIERS)]
     return "\n".join(lines)
+
+
+def write_readme(path: Path, text: str) -> None:
+    readme = path.read_text()
+    if BEGIN not in readme or END not in readme:
+        sys.exit(f"gateway: {path} has no {BEGIN} ... {END} block to fill")
+    block = f"{BEGIN}\n{text}\n{END}"
+    path.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, readme, flags=re.S))
 
 
 def cmd_router_eval(args) -> int:
@@ -69,18 +102,36 @@ def cmd_router_eval(args) -> int:
         print(f"gateway: {err}", file=sys.stderr)
         return 2
     names = cfg.section("router").get("tiers") or {}
-    if set(names) != set(DIFFICULTIES):
+    if set(names) != set(TIERS):
         print("gateway: router.tiers must name a model for each of easy, medium, hard, frontier", file=sys.stderr)
         return 2
-    prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    model = shipped()
+    if model is None:
+        return 2
+    items = load_set(Path(args.prompts))
+    if any("split" in item for item in items) and args.split != "all":
+        items = [item for item in items if item.get("split") == args.split]
+        label = f"the {args.split} split of {Path(args.prompts).name}"
+    else:
+        label = Path(args.prompts).name
+    if not items:
+        print("gateway: no labelled requests to evaluate", file=sys.stderr)
+        return 2
     tiers = {t: cfg.chat_models[m] for t, m in names.items()}
-    print(report(evaluate(prompts, tiers), tiers))
+    text = report(evaluate(items, tiers, model), tiers, label)
+    print(text)
+    if args.readme:
+        write_readme(Path(args.readme), text)
     return 0
 
 
 @hookimpl
 def gateway_register_commands(subparsers):
-    p = subparsers.add_parser("router-eval", help="measure svc/smart's classifier on a labelled prompt set")
+    p = subparsers.add_parser("router-eval", help="measure svc/smart's local classifier on a labelled set")
     p.add_argument("--config", help="YAML config whose router.tiers to price (default: the embedded demo)")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON lines {id, tier, prompt}")
+    p.add_argument("--prompts", default=str(DEFAULT_SET),
+                   help="JSON lines {id, tier, messages, tools, split, lang, category} or {id, tier, prompt}")
+    p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),
+                   help="which split to read when the file has splits (default: test)")
+    p.add_argument("--readme", help="also write the tables into this file's router-eval block")
     p.set_defaults(func=cmd_router_eval)

@@ -8,7 +8,6 @@ import pytest
 from aiohttp import web
 
 from plugins.allowance import CLOCK
-from plugins.router import heuristic
 from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
 from tests.fakes import Reply
 
@@ -166,7 +165,7 @@ async def test_smart_llm_classifier_decides(start_gateway, fake_openai):
     assert fake_openai.requests[0].body["max_tokens"] == 16      # the classifier's own short call
 
 
-async def test_smart_llm_too_slow_falls_back_to_the_heuristic(start_gateway, aiohttp_server, fake_openai):
+async def test_smart_llm_too_slow_falls_back_to_the_local_classifier(start_gateway, aiohttp_server, fake_openai):
     async def slow(request):
         await asyncio.sleep(2)
         return web.json_response({})
@@ -178,10 +177,10 @@ async def test_smart_llm_too_slow_falls_back_to_the_heuristic(start_gateway, aio
     cfg["models"]["chat"][-1]["provider"] = "slow"
     gw = await start_gateway(cfg)
     key, _ = await gw.key(1)
-    prompt = "Prove that every finite group of prime order is cyclic."
+    prompt = "Prove that the square root of 7 is irrational, step by step."
     r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": prompt}])
     billing = r.model_extra["billing"]
-    assert billing["classifier"] == "heuristic" and billing["difficulty"] == heuristic(prompt) == "hard"
+    assert billing["classifier"] == "local" and billing["difficulty"] in ("hard", "frontier")
 
 
 async def test_smart_falls_back_when_nothing_can_decide(start_gateway, fake_openai):
@@ -236,21 +235,3 @@ async def test_smart_media_tiers(start_gateway, tmp_path):
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{gw.url}/api/v1/media/models") as r:
             assert (await r.json())["smart"] == SMART_MEDIA
-
-
-def test_router_eval_reports_accuracy_and_cost(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    prompts = tmp_path / "p.jsonl"
-    rows = [{"id": "e001", "tier": "easy", "prompt": "hi"},
-            {"id": "f002", "tier": "frontier", "prompt": "Prove rigorously the conjecture for all integers n."}]
-    prompts.write_text("\n".join(json.dumps(r) for r in rows))
-    out = subprocess.run([sys.executable, str(root / "gateway.py"), "router-eval", "--config",
-                          str(root / "docs/examples/smart-router.yaml"), "--prompts", str(prompts)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "| all 2 | 100.0% | 100.0% | 0.0% |" in out.stdout
-    assert "| always frontier |" in out.stdout and "easy = google/gemini-2.5-flash-lite" in out.stdout

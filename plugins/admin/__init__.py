@@ -25,9 +25,9 @@ from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import json_response, read_json
 from plugins.keypolicy import PERIODS
 from plugins.listings import served_model_ids
-from plugins.storage import KeyPolicy
+from plugins.storage import KeyPolicy, reports
 
-from . import render, reports, writes
+from . import render, writes
 from .filters import page, parse_time, usage_filter
 
 ADMIN = web.AppKey("admin_settings", dict)

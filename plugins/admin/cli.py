@@ -8,9 +8,14 @@ import sys
 from config import usd
 from plugins import hookimpl
 from plugins.accounts import create_account, parse_usd, with_store
+from plugins.auth import hash_key
 
-from . import render, reports, writes
-from .filters import Page, UsageFilter, parse_time
+from plugins.storage import reports
+
+from . import render, writes
+from plugins.storage.records import Page, UsageFilter
+
+from .filters import parse_time
 
 
 def _fail(message: str) -> int:
@@ -55,7 +60,7 @@ def cmd_keys_list(args) -> int:
 
 def cmd_keys_revoke(args) -> int:
     async def work(store):
-        matches = await reports.keys_matching(store, args.key)
+        matches = await reports.keys_matching(store, args.key, hash_key(args.key))
         if not matches:
             return _fail("no key matches (give the whole key, or its prefix as `gateway keys list` shows it)")
         if len(matches) > 1:

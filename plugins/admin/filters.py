@@ -4,28 +4,11 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
-from dataclasses import dataclass
 
 from plugins.errors import bad_request
+from plugins.storage.records import Page, UsageFilter
 
 MAX_PAGE = 500
-
-
-@dataclass(slots=True)
-class Page:
-    limit: int = 50
-    offset: int = 0
-
-
-@dataclass(slots=True)
-class UsageFilter:
-    """Which usage rows (or ledger entries) to read; None means any."""
-    account_id: int | None = None
-    key_id: int | None = None
-    model: str | None = None
-    endpoint: str | None = None
-    since: int | None = None          # Unix seconds, inclusive
-    until: int | None = None          # Unix seconds, exclusive
 
 
 def page(query, default: int = 50) -> Page:
@@ -78,11 +61,3 @@ def parse_time(raw: str, name: str) -> int:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return int(moment.timestamp())
 
-
-def day_start(ts: int) -> int:
-    return ts - ts % 86400
-
-
-def month_start(ts: int) -> int:
-    day = dt.datetime.fromtimestamp(ts, dt.timezone.utc).date().replace(day=1)
-    return calendar.timegm(day.timetuple())

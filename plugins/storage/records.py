@@ -3,6 +3,7 @@ computed before it (priced, split, rendered), so a backend only applies it."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, fields
 
 CRASHED = "crashed"             # usage outcome of a call whose process died before settling it
@@ -189,3 +190,29 @@ class CreditPurchase:
     tx: str | None
     bonus_first_micro: int
     bonus_micro: int
+
+
+@dataclass(slots=True)
+class Page:
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(slots=True)
+class UsageFilter:
+    """Which usage rows (or ledger entries) to read; None means any."""
+    account_id: int | None = None
+    key_id: int | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    since: int | None = None          # Unix seconds, inclusive
+    until: int | None = None          # Unix seconds, exclusive
+
+
+def period_start(period: str, at: float) -> int:
+    """The start (Unix seconds) of the UTC day or month that `at` falls in."""
+    ts = int(at)
+    day = ts - ts % 86400
+    if period == "day":
+        return day
+    return day - (time.gmtime(ts).tm_mday - 1) * 86400

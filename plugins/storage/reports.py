@@ -1,14 +1,13 @@
 """What the admin API and the dashboard read: accounts, keys, usage and the ledger, with
-filters, paging and aggregates. Read-only SQL that runs on every engine (`?`
-placeholders, standard SQL); every write goes through the ledger and keys code."""
+filters, paging and aggregates. Read-only SQL written once for every engine (`?`
+placeholders and standard SQL, run through `Storage.fetchall`); every write goes through
+the engine's own ledger and keys code."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from plugins.auth import hash_key
-
-from .filters import Page, UsageFilter, day_start, month_start
+from .records import Page, UsageFilter, period_start
 
 PREFIX_LENGTH = 12          # what plugins.auth.display_prefix keeps
 
@@ -56,7 +55,8 @@ async def spend_since(store, account_id: int, since: int) -> int:
 
 async def spend_today_and_month(store, account_id: int) -> tuple[int, int]:
     now = int(time.time())
-    return await spend_since(store, account_id, day_start(now)), await spend_since(store, account_id, month_start(now))
+    return (await spend_since(store, account_id, period_start("day", now)),
+            await spend_since(store, account_id, period_start("month", now)))
 
 
 async def keys(store, account_id: int | None = None) -> list[Any]:
@@ -74,10 +74,10 @@ async def key(store, key_id: int):
     return await store.fetchone("SELECT id, prefix, account_id, revoked_at FROM api_keys WHERE id = ?", (key_id,))
 
 
-async def keys_matching(store, text: str) -> list[Any]:
-    """Keys named by a whole key (its hash) or by the start of the prefix `keys list` shows."""
+async def keys_matching(store, text: str, key_hash: str) -> list[Any]:
+    """Keys named by a whole key (`key_hash`, its hash) or by the start of the prefix `keys list` shows."""
     if len(text) > PREFIX_LENGTH:
-        return await store.fetchall("SELECT id, prefix, account_id FROM api_keys WHERE hash = ?", (hash_key(text),))
+        return await store.fetchall("SELECT id, prefix, account_id FROM api_keys WHERE hash = ?", (key_hash,))
     return await store.fetchall("SELECT id, prefix, account_id FROM api_keys WHERE substr(prefix, 1, ?) = ? "
                                 "ORDER BY id", (len(text), text))
 

@@ -1,0 +1,132 @@
+"""svc/smart's local classifier: what it reads, how it routes up, that it is shipped and
+loads offline, and that the training and evaluation commands work, through HTTP and the CLI."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugins.router_features import RoutingInput, from_messages, split_question
+from plugins.router_model import pick, shipped
+from tests.test_free_and_smart import smart_config
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = "\n".join(f"2025-03-11T02:14:{i:02d}.118Z INFO api GET /v1/orders/{88000 + i} 200 41ms" for i in range(60))
+
+
+def unreachable_classifier(fake):
+    cfg = smart_config(fake)
+    cfg["providers"]["up"]["base_url"] = "http://127.0.0.1:9/v1"       # the llm path cannot answer
+    for tier in ("easy", "medium", "hard", "frontier"):
+        cfg["router"]["tiers"][tier] = "demo/echo"
+    return cfg
+
+
+def test_the_question_is_kept_apart_from_pasted_text():
+    question, context = split_question(LOG + "\n\nHow many requests were logged?")
+    assert question == "How many requests were logged?" and context > 3000
+    question, context = split_question("Find the root cause of the 503s in this log:\n\n" + LOG)
+    assert question.startswith("Find the root cause") and context > 3000
+    assert split_question("Who wrote Faust?") == ("Who wrote Faust?", 0)
+
+
+def test_the_last_user_turn_is_judged_and_tool_results_are_skipped():
+    inp = from_messages([("system", "Be brief.", False), ("user", "Prove the prime number theorem.", False),
+                         ("assistant", "Here is the proof ...", False), ("user", "thanks!", False),
+                         ("tool", '{"ok": true}', True)], tools=2)
+    assert inp.last == "thanks!" and "prime number theorem" in inp.history
+    assert inp.tools == 2 and inp.tool_results
+
+
+def test_unsure_means_the_higher_tier():
+    # 50% easy, 30% medium, 15% hard, 5% frontier: the likeliest is easy, but the chance that
+    # easy is too low is 50%; medium is too low with 20%, within a 25% threshold.
+    assert pick((0.5, 0.3, 0.15, 0.05), 0.25) == 1
+    assert pick((0.9, 0.06, 0.03, 0.01), 0.25) == 0
+    assert pick((0.05, 0.1, 0.25, 0.6), 0.25) == 3
+
+
+def test_the_model_is_shipped_small_and_decides_without_numpy():
+    model_file = ROOT / "plugins" / "router_model.bin"
+    assert model_file.stat().st_size < 3_000_000
+    code = ("import sys; sys.modules['numpy'] = None; from plugins.router_model import shipped; "
+            "from plugins.router_features import RoutingInput; "
+            "print(shipped().decide(RoutingInput('Find all functions f with f(x+f(y)) = f(x) + y and prove it.')).tier)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("hard", "frontier")
+
+
+def test_calibrated_probabilities():
+    probs = shipped().probabilities(RoutingInput("hi there!"))
+    assert abs(sum(probs) - 1) < 1e-9 and max(probs) == probs[0]
+
+
+async def test_long_paste_with_a_trivial_question_goes_to_the_easy_tier(start_gateway, fake_openai):
+    cfg = unreachable_classifier(fake_openai)
+    gw = await start_gateway(cfg)
+    key, _ = await gw.key(1)
+    client = gw.openai(key)
+    r = await client.chat.completions.create(model="svc/smart", messages=[
+        {"role": "user", "content": LOG + "\n\nWhat status code did the first request get?"}])
+    billing = r.model_extra["billing"]
+    assert (billing["requested_model"], billing["classifier"], billing["difficulty"]) == ("svc/smart", "local", "easy")
+    r = await client.chat.completions.create(model="svc/smart", messages=[
+        {"role": "user", "content": "Montre que π est transcendant."}])
+    assert r.model_extra["billing"]["difficulty"] in ("hard", "frontier")
+
+
+async def test_a_hard_thread_that_ends_in_thanks_is_easy(start_gateway, fake_openai):
+    gw = await start_gateway(unreachable_classifier(fake_openai))
+    key, _ = await gw.key(1)
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[
+        {"role": "user", "content": "Prove that there are infinitely many primes of the form 4k + 3."},
+        {"role": "assistant", "content": "Suppose there were finitely many, p1 ... pk; consider 4 p1 ... pk - 1 ..."},
+        {"role": "user", "content": "perfect, thanks a lot!"}])
+    assert r.model_extra["billing"]["difficulty"] == "easy"
+
+
+def test_router_eval_reports_on_the_test_split_only():
+    out = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "router-eval", "--config",
+                          str(ROOT / "docs/examples/smart-router.yaml")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    test_items = sum(1 for line in (ROOT / "bench/router_set.jsonl").read_text().splitlines()
+                     if json.loads(line)["split"] == "test")
+    assert f"on the test split of router_set.jsonl: {test_items} requests" in out.stdout
+    for heading in ("| label \\ routed to |", "| language |", "| category |", "| hard group |", "| always frontier |",
+                    "Decision time"):
+        assert heading in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
+    rows = []
+    for i, (tier, text) in enumerate([("easy", "hi"), ("easy", "what is the capital of Peru"),
+                                      ("medium", "write a short email to my landlord about the heater"),
+                                      ("hard", "prove by induction that 2^n > n for every n"),
+                                      ("frontier", "design a multi-region ledger with RPO 0 and prove it correct")] * 4):
+        split = ("train", "train", "validation")[i % 3]
+        rows.append({"id": f"t{i}", "split": split, "tier": tier, "messages": [{"role": "user", "content": text}],
+                     "tools": []})
+    data, out_file = tmp_path / "set.jsonl", tmp_path / "model.bin"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "router-train", "--data", str(data),
+                          "--out", str(out_file), "--steps", "40"],
+                         capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trained_on"] == len(rows)
+    from plugins.router_model import LocalClassifier
+    assert LocalClassifier.load(out_file).decide(RoutingInput("hi")).tier in ("easy", "medium")
+
+
+
+async def test_the_billing_note_says_when_it_routed_up(start_gateway, fake_openai):
+    # The shipped model's likeliest tier for this request is easy (p about 0.65); the chance
+    # that easy is too low is above the route-up threshold, so it goes to medium and says so.
+    gw = await start_gateway(unreachable_classifier(fake_openai))
+    key, _ = await gw.key(1)
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[
+        {"role": "user", "content": "Summarise the plot of Hamlet in three sentences."}])
+    billing = r.model_extra["billing"]
+    assert billing["difficulty"] == "medium" and "(medium, by local; routed up from easy (unsure: p=" in billing["note"]
