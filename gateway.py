@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 import aiohttp
@@ -20,12 +21,12 @@ from aiohttp import web
 
 import config as config_mod
 from config.check import check as check_config
-from plugins import acall_all, get_plugin_manager
+from plugins import acall_all, get_plugin_manager, workers
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
-from plugins.errors import NOT_RETRYABLE, GatewayError
+from plugins.errors import NOT_RETRYABLE, GatewayError, StartupError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
@@ -256,22 +257,38 @@ def cmd_run(args) -> int:
     cfg.server.listen(args.host, args.port)        # links (public_url) follow unless it is set
     configure_logging(args.log_level)
     app = create_app(cfg, plugins_dir=args.plugins_dir)
+    host, port = cfg.server.host, cfg.server.port
+    if args.workers > 1 and not workers.is_worker():
+        return workers.supervise(_child_argv(args), args.workers, host, port)
     try:
         import uvloop              # a faster event loop, where installed
         uvloop.install()
     except ImportError:
         pass
-    host, port = cfg.server.host, cfg.server.port
+    if workers.is_worker():
+        app.cleanup_ctx.append(workers.parent_watch)
     log.info("starting", host=host, port=port, public_url=cfg.server.public_url, config=cfg.path,
              database=config_mod.redact_url(cfg.storage_url), chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
-        asyncio.run(serve(app, host, port, cfg.server))
+        asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))
+    except StartupError as err:
+        print(f"gateway: {err}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"gateway: cannot listen on {host}:{port}: {exc.strerror or exc}; stop what uses it or "
               "choose another port with --port", file=sys.stderr)
         return 2
     return 0
+
+
+def _child_argv(args) -> list[str]:
+    """`gateway run` for one worker: the same options, one process."""
+    argv = ["run", "--log-level", args.log_level]
+    for flag, value in (("--config", args.config), ("--plugins-dir", args.plugins_dir)):
+        if value:
+            argv += [flag, os.path.abspath(value)]
+    return argv
 
 
 def cmd_check(args) -> int:
@@ -285,6 +302,16 @@ def cmd_check(args) -> int:
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def build_parser(pm) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Self-hosted AI gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -292,6 +319,8 @@ def build_parser(pm) -> argparse.ArgumentParser:
     run.add_argument("--host")
     run.add_argument("--port", type=int)
     run.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    run.add_argument("--workers", type=_positive, default=1,
+                     help="processes serving the port (SO_REUSEPORT), sharing the configured stores")
     run.set_defaults(func=cmd_run)
     check = sub.add_parser("check", help="validate a config file without starting")
     check.set_defaults(func=cmd_check)

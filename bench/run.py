@@ -9,6 +9,11 @@ read from the kernel's process accounting over a fixed-length load.
 Lanes: (1) chat completions, JSON, with a key; (2) the same, streamed; (3) messages
 client to the OpenAI-format upstream (translation); (4) responses, streamed; (5) the 402
 challenge of a keyless call. Needs Debian's `wrk` (apt-get install wrk) and `taskset`.
+
+Scale-out stores (`--stores`): lanes 1 and 2 again with the gateway on PostgreSQL + Redis
+(one process; both servers started here, on the load core, from Debian's `postgresql` and
+`redis-server`), and with `gateway run --workers 2` on SQLite (the workers may use both
+cores; their CPU is summed). Each is reported against the same run's null proxy.
 """
 from __future__ import annotations
 
@@ -102,16 +107,27 @@ def load(url: str, body: dict, key: str, concurrency: int, seconds: float, strea
     return result
 
 
+def server_pids(pid: int) -> list[int]:
+    """The process serving, or with --workers its children (the supervisor itself idles)."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    return children or [pid]
+
+
 def measured(pid: int, fn) -> dict:
-    before = cpu_seconds(pid)
+    pids = server_pids(pid)
+    before = sum(map(cpu_seconds, pids))
     result = fn()
-    result["cpu_ms"] = (cpu_seconds(pid) - before) * 1000 / max(1, result["requests"])
+    result["cpu_ms"] = (sum(map(cpu_seconds, pids)) - before) * 1000 / max(1, result["requests"])
     return result
 
 
-def gateway_config(directory: Path, upstream: int, slow: int | None = None) -> Path:
+def gateway_config(directory: Path, upstream: int, slow: int | None = None, storage: str | None = None,
+                   redis: str | None = None) -> Path:
     price = {"list_input_usd_per_mtok": 0.15, "list_output_usd_per_mtok": 0.6}
-    cfg = {"storage": f"sqlite:///{directory / 'bench.db'}",
+    cfg = {"storage": storage or f"sqlite:///{directory / 'bench.db'}", **({"redis": redis} if redis else {}),
            "providers": {"up": {"type": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1", "api_key": "bench"},
                          "slow": {"type": "openai", "base_url": f"http://127.0.0.1:{slow or upstream}/v1",
                                   "api_key": "bench"}},
@@ -149,6 +165,75 @@ def soak(base: str, pid: int, key: str, total: int) -> tuple[float, float, int]:
     return before, rss_mb(pid), done
 
 
+def start_gateway(work: Path, cfg: Path, core: str, *extra: str) -> tuple[subprocess.Popen, str, str]:
+    """-> (process, base URL, a key with plenty of credits)."""
+    key = subprocess.run([PY, str(ROOT / "gateway.py"), "keys", "create", "--config", str(cfg),
+                          "--credits", "1000000"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    port = free_port()
+    proc = start([PY, str(ROOT / "gateway.py"), "run", "--config", str(cfg), "--port", str(port), *extra], core, cwd=work)
+    wait_ready(f"http://127.0.0.1:{port}/api/v1/models")
+    time.sleep(1.0)                                  # every worker listening
+    return proc, f"http://127.0.0.1:{port}", key
+
+
+def scale_out(stores: list[str], up: int, levels, seconds: float) -> dict[str, dict]:
+    """Lanes 1 and 2 on each scale-out store: {store: results}."""
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import PostgresServer, RedisServer, postgres_bindir
+    out: dict[str, dict] = {}
+    for store in stores:
+        work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+        servers, extra, core, storage, redis = [], [], SERVER_CORE, None, None
+        parts = store.split("+")                     # e.g. postgresql+redis, sqlite+redis, sqlite-workers2
+        if "postgresql" in parts:
+            pg = PostgresServer(postgres_bindir()).start()
+            servers.append(pg)
+            storage = pg.url()
+            pin(_pg_pid(pg))                         # the databases share the load generator's core
+        if "redis" in parts:
+            rs = RedisServer(work)
+            servers.append(rs)
+            redis = rs.url
+            pin(rs.proc.pid)
+        if store.endswith("-workers2"):
+            extra, core = ["--workers", "2"], f"{SERVER_CORE},{LOAD_CORE}"
+        print(f"gateway on {store}", file=sys.stderr)
+        proc = None
+        try:
+            proc, base, key = start_gateway(work, gateway_config(work, up, storage=storage, redis=redis), core, *extra)
+            out[store] = run_lanes(base, proc.pid, key, LANES[:2], levels, seconds)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+            for server in servers:
+                server.stop()
+    return out
+
+
+def pin(pid: int) -> None:
+    subprocess.run(["taskset", "-a", "-p", "-c", LOAD_CORE, str(pid)], capture_output=True)
+
+
+def _pg_pid(pg) -> int:
+    """The postmaster's pid (backends it forks later inherit its core)."""
+    return int((pg.data / "postmaster.pid").read_text().split()[0])
+
+
+def store_table(null: dict, sqlite: dict, more: dict[str, dict], levels) -> str:
+    """CPU per request of each store against the same run's null proxy (lanes 1 and 2)."""
+    out = ["| store | lane | c | req/s | ÷ null | CPU ms/req | ÷ null | p50 ms (streams: first byte) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for store, results in [("sqlite", sqlite), *more.items()]:
+        for name, *_ in LANES[:2]:
+            for c in levels:
+                g, n = results.get((name, c)), null.get((name, c))
+                if g and n:
+                    out.append(f"| {store} | {name} | {c} | {g['rps']:.0f} | {g['rps'] / n['rps']:.2f} | "
+                               f"{g['cpu_ms']:.3f} | {g['cpu_ms'] / n['cpu_ms']:.2f} | {g['p50_us'] / 1000:.2f} |")
+    return "\n".join(out)
+
+
 def table(null: dict, gw: dict, levels, soaked) -> str:
     out = ["| lane | c | gateway req/s | ÷ null | gateway CPU ms/req | ÷ null | p50 ms (streams: first byte) | "
            "+p50 vs null ms | p99 ms |",
@@ -182,6 +267,9 @@ def main() -> int:
     p.add_argument("--levels", default="1,50,200", help="concurrency levels")
     p.add_argument("--soak", type=int, default=100_000, help="requests for the memory soak (0 to skip)")
     p.add_argument("--lanes", default="1,2,3,4,5", help="which lanes to run")
+    p.add_argument("--stores", default="postgresql+redis,sqlite-workers2",
+                   help="scale-out stores for lanes 1 and 2 ('' to skip): postgresql+redis, sqlite-workers2, "
+                        "sqlite+redis, postgresql")
     args = p.parse_args()
     if not shutil.which("wrk") or not shutil.which("taskset"):
         print("bench: needs wrk and taskset (Debian: apt-get install wrk util-linux)", file=sys.stderr)
@@ -210,21 +298,21 @@ def main() -> int:
         print("gateway", file=sys.stderr)
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
         cfg = gateway_config(work, up, slow)
-        key = subprocess.run([PY, str(ROOT / "gateway.py"), "keys", "create", "--config", str(cfg),
-                              "--credits", "1000000"], capture_output=True, text=True, check=True).stdout.split()[-1]
-        gw_port = free_port()
-        gw_proc = start([PY, str(ROOT / "gateway.py"), "run", "--config", str(cfg), "--port", str(gw_port)],
-                        SERVER_CORE, cwd=work)
+        gw_proc, gw_base, key = start_gateway(work, cfg, SERVER_CORE)
         procs.append(gw_proc)
-        wait_ready(f"http://127.0.0.1:{gw_port}/api/v1/models")
-        gw = run_lanes(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, chosen, levels, args.seconds)
-        relay = load(f"http://127.0.0.1:{gw_port}/api/v1/chat/completions",
+        gw = run_lanes(gw_base, gw_proc.pid, key, chosen, levels, args.seconds)
+        relay = load(f"{gw_base}/api/v1/chat/completions",
                      {**BODIES["chat_stream"], "model": "bench/slow"}, key, 1, 3, True)
-        soaked = soak(f"http://127.0.0.1:{gw_port}", gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
+        soaked = soak(gw_base, gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
+        gw_proc.terminate()
+        more = scale_out([x for x in args.stores.split(",") if x], up, levels, args.seconds)
     finally:
         for proc in procs:
             proc.terminate()
     print(table(null, gw, levels, soaked))
+    if more:
+        print()
+        print(store_table(null, gw, more, levels))
     print(f"Chunk relay: upstream sends a chunk every {GAP_SECONDS * 1000:.0f} ms; the client saw a median gap of "
           f"{relay['gap_p50_ms']:.1f} ms between reads (buffering would show ~0 ms gaps and a late first byte: "
           f"first byte at {relay['ttfb_p50_ms']:.1f} ms, whole stream at {relay['total_p50_ms']:.1f} ms)")

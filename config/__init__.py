@@ -223,7 +223,7 @@ def _merge_by_id(base: list, top: list) -> list:
 # ---- the core sections ------------------------------------------------------------
 
 CORE_SECTIONS = {"server": ServerSettings, "pricing": PricingSettings}
-OTHER_CORE = ("storage", "providers", "models", "plugins", "include", "plugin_config")
+OTHER_CORE = ("storage", "redis", "providers", "models", "plugins", "include", "plugin_config")   # redis: plugins.redis_link checks it
 
 
 def _parse(problems: list[str], file: str, model, value, path: str):

@@ -28,6 +28,7 @@ hookimpl = pluggy.HookimplMarker("gateway")
 
 DEFAULT_PLUGINS = (
     "providers",
+    "plugins.redis_link",
     "plugins.formats.chat_completions",
     "plugins.formats.messages",
     "plugins.formats.responses",
@@ -49,6 +50,7 @@ DEFAULT_PLUGINS = (
     "plugins.keyless",
     "plugins.usage",
     "plugins.accounts",
+    "plugins.account_keys",
     "plugins.listings",
     "plugins.media",
     "plugins.media.artifacts",

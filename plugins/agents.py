@@ -11,17 +11,16 @@ from aiohttp import web
 
 from . import hookimpl
 from .appstate import STORE
-from .auth import authenticate_request, forget
-from .errors import GatewayError, bad_request
-from .ratelimit import admit_request
+from .accounts import require_key
+from .auth import credential, hash_key, key_changed
+from .errors import bad_request
 from .formats.base import json_response, read_json
+from .ratelimit import admit_request
+
 
 async def register_agent(request: web.Request) -> web.Response:
-    principal = await authenticate_request(request)
-    if principal is None:
-        raise GatewayError(401, "this endpoint needs an API key: Authorization: Bearer chk_...",
-                           code="missing_api_key")
-    limit_headers = admit_request(request, principal)
+    principal = await require_key(request)
+    limit_headers = await admit_request(request, principal)
     body = await read_json(request)
     name = body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name.strip():
@@ -31,7 +30,7 @@ async def register_agent(request: web.Request) -> web.Response:
         raise bad_request(f"name: at most 60 characters, got {len(name)}", param="name")
     done = await request.app[STORE].agents.register(principal.account_id, principal.key_id, name)
     agent_id, created, attached = done.agent_id, done.created, done.attached
-    forget()       # cached principals carry the old agent
+    await key_changed(request.app, hash_key(credential(request)))     # cached principals carry the old agent
     note = ("key attached: usage on this key shows under the agent" if attached else
             "this key already belongs to another agent and stays with it")
     return json_response({"agent": {"id": agent_id, "name": name}, "key_attached": attached, "note": note},

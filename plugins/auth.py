@@ -2,23 +2,22 @@
 
 Keys are stored only as their SHA-256. A key is 32 random bytes, so a fast hash is
 enough: there is nothing to guess, and the lookup stays cheap on the hot path. Found
-keys are cached for a few seconds so a busy key does not cost a query per call.
+keys are cached (plugins/keycache.py), and a change to a key reaches every process's
+cache within a second.
 """
 from __future__ import annotations
 
 import hashlib
 import secrets
-import time
 
-from . import hookimpl
+from . import hookimpl, keycache
 from .appstate import STORE
 from .context import CallContext, Principal
 from .errors import GatewayError
+from .keycache import KEYCACHE
 from .keypolicy import policy_of
 
 KEY_PREFIX = "chk_"
-CACHE_SECONDS = 1.0         # another process (the CLI) revoking a key is seen within a second
-_cache: dict[str, tuple[float, Principal]] = {}
 
 
 def new_key() -> str:
@@ -47,34 +46,35 @@ def credential(request) -> str | None:
     return key.strip() if key and key.strip() else None
 
 
-async def principal_for(store, key: str) -> Principal | None:
-    digest = hash_key(key)
-    hit = _cache.get(digest)
-    if hit and hit[0] > time.monotonic():
-        return hit[1]
+async def _load(store, digest: str) -> Principal | None:
     found = await store.keys.get(digest)
     if found is None or found.revoked:
-        _cache.pop(digest, None)
         return None
-    principal = Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix,
-                          agent_id=found.agent_id, policy=policy_of(found))
-    _cache[digest] = (time.monotonic() + CACHE_SECONDS, principal)
-    return principal
+    return Principal(account_id=found.account_id, key_id=found.id, key_prefix=found.prefix, agent_id=found.agent_id,
+                     policy=policy_of(found))
 
 
-def forget(key_hash: str | None = None) -> None:
-    """Drop cached keys (all, or one) after a change such as revocation or re-attachment."""
-    if key_hash is None:
-        _cache.clear()
-    else:
-        _cache.pop(key_hash, None)
+async def principal_for(app, key: str) -> Principal | None:
+    digest = hash_key(key)
+    return await app[KEYCACHE].get(digest, lambda: _load(app[STORE], digest))
+
+
+async def key_changed(app, key_hash: str | None = None) -> None:
+    """After a change to a key (revoked, given an agent; None: possibly any key): every
+    process stops using what it cached."""
+    await app[KEYCACHE].changed(key_hash)
+
+
+@hookimpl
+def gateway_configure(app, config):
+    keycache.install(app)
 
 
 async def authenticate_request(request) -> Principal | None:
     key = credential(request)
     if key is None:
         return None
-    principal = await principal_for(request.app[STORE], key) if key.startswith(KEY_PREFIX) else None
+    principal = await principal_for(request.app, key) if key.startswith(KEY_PREFIX) else None
     if principal is None:
         raise GatewayError(401, f"invalid API key {key[:8]}...: keys start with {KEY_PREFIX} and "
                                 "come from the gateway operator", code="invalid_api_key")

@@ -34,7 +34,7 @@ def gateway_configure(app, config):
     async def preflight(request: web.Request, handler):
         if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
             return await handler(request)
-        return web.Response(status=204, headers={"Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+        return web.Response(status=204, headers={"Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                                                  "Access-Control-Allow-Headers": ALLOW_HEADERS,
                                                  "Access-Control-Max-Age": "86400"})
 

@@ -61,7 +61,7 @@ async def purchase(request: web.Request) -> web.Response:
     if principal is None:
         raise GatewayError(401, "send your API key (Authorization: Bearer chk_...) so the right account is "
                                 "credited", code="missing_api_key")
-    admit_request(request, principal)               # the caller's rpm, as on every other call
+    await admit_request(request, principal)         # the caller's rpm, as on every other call
     settings = request.app[CREDITS]
     amount = _amount(await read_json(request), settings)
     paywall = request.app.get(PAYWALL)

@@ -61,3 +61,8 @@ def model_not_available(model_id: str, reason: str) -> GatewayError:
 # Statuses a client must not retry unchanged (sent as `x-should-retry: false`, which the
 # OpenAI and Anthropic SDKs and the Claude Code CLI honour).
 NOT_RETRYABLE = frozenset({400, 401, 402, 403, 404, 413, 422})
+
+
+class StartupError(Exception):
+    """Something the gateway needs is not there at start (e.g. Redis unreachable): the
+    message says what and what to do; `gateway run` prints it and exits 1, no traceback."""

@@ -1,18 +1,20 @@
-"""Rate limits (429): token buckets per API key, and per client address for keyless calls.
+"""Rate limits (429) per API key, and per client address for keyless calls.
 
-`limits.per_key` / `limits.per_address` take `rpm` (requests a minute) and `tpm` (tokens a
-minute: the call's input estimate plus its output cap, given back once the real output
-is known). A bucket holds a minute's worth and refills continuously. Checking and taking
-happen with no await in between, so concurrent calls can never overshoot. The buckets
-live in a `LimitStore`: in process by default; a shared store (Redis, say) can implement
-the same two methods.
+`limits.per_key` / `limits.per_address` take `rpm` and `tpm`:
+- `rpm`: at most that many requests in any 60 seconds (a sliding window, so a burst of
+  200 calls against `rpm: 50` admits exactly 50, however long the burst takes);
+- `tpm`: a token bucket holding a minute's worth and refilling continuously; a call takes
+  its input estimate plus its output cap and gets back what it did not use.
+
+Admission checks and takes both at once, all or nothing, so concurrent calls can never
+overshoot and a refused call takes nothing. Where they live is a `LimitStore`
+(plugins/limitstores.py): in process by default, or in Redis with `redis:` (one Lua script
+per admission: one round trip, atomic across every gateway process).
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from aiohttp import web
 
@@ -21,42 +23,15 @@ from config.schema import Count, Section
 from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError
+from .limitstores import Bucket, LimitStore, MemoryLimits, RedisLimits
 from .pricing import input_estimate
+from .redis_link import REDIS
 
 LIMITS = web.AppKey("limits", object)
 
 
-class LimitStore(Protocol):
-    def take(self, key: str, cost: float, capacity: float, now: float) -> tuple[bool, float, float]:
-        """Take `cost` from bucket `key` (capacity per minute). -> (allowed, left, seconds until
-        `cost` would fit)."""
-
-    def give_back(self, key: str, amount: float, capacity: float, now: float) -> None:
-        """Return unused tokens (never above capacity)."""
-
-
-class MemoryLimits:
-    def __init__(self):
-        self.buckets: dict[str, tuple[float, float]] = {}    # key -> (tokens, updated)
-
-    def _level(self, key: str, capacity: float, now: float) -> float:
-        tokens, updated = self.buckets.get(key, (capacity, now))
-        return min(capacity, tokens + (now - updated) * capacity / 60.0)
-
-    def take(self, key, cost, capacity, now):
-        level = self._level(key, capacity, now)
-        if level >= cost:
-            self.buckets[key] = (level - cost, now)
-            return True, level - cost, 0.0
-        self.buckets[key] = (level, now)
-        return False, level, (cost - level) * 60.0 / capacity
-
-    def give_back(self, key, amount, capacity, now):
-        self.buckets[key] = (min(capacity, self._level(key, capacity, now) + amount), now)
-
-
 class Rule(Section):
-    rpm: Count | None = None        # requests a minute (none: no limit)
+    rpm: Count | None = None        # requests in any 60 seconds (none: no limit)
     tpm: Count | None = None        # tokens a minute
 
 
@@ -71,7 +46,6 @@ class Limits:
     per_key: Rule
     per_address: Rule
     store: LimitStore
-    clock: object = time.monotonic
 
 
 @hookimpl
@@ -83,29 +57,31 @@ def gateway_register_settings(register):
 def gateway_configure(app, config):
     section: LimitsSection = config.settings("limits")
     app[LIMITS] = Limits(section.per_key, section.per_address, MemoryLimits())
+    app.on_startup.append(_use_redis)
+
+
+async def _use_redis(app: web.Application) -> None:
+    if REDIS in app:
+        app[LIMITS].store = RedisLimits(app[REDIS])
 
 
 def _who(request: web.Request, principal) -> tuple[str, Rule]:
     limits = request.app[LIMITS]
     if principal is not None:
-        return f"key:{principal.key_id}", limits.per_key
-    return f"addr:{request.remote}", limits.per_address
+        return f"gw:rl:{{key:{principal.key_id}}}", limits.per_key
+    return f"gw:rl:{{addr:{request.remote}}}", limits.per_address
 
 
-def _take_request(limits: Limits, who: str, rpm: int, now: float) -> dict[str, str]:
-    """One request from the caller's rpm bucket -> RateLimit-* headers; a 429 when empty."""
-    ok, left, wait = limits.store.take(f"{who}:rpm", 1, float(rpm), now)
-    if not ok:
-        raise _refuse("requests", rpm, left, wait)
-    return _headers(rpm, left, 60.0 * (rpm - left) / rpm)
-
-
-def admit_request(request: web.Request, principal) -> dict[str, str]:
+async def admit_request(request: web.Request, principal) -> dict[str, str]:
     """The rpm limit for routes outside the call pipeline (agent registration, credit
     purchases): raises the 429, or returns the RateLimit-* headers to send."""
-    limits = request.app[LIMITS]
     who, rules = _who(request, principal)
-    return _take_request(limits, who, rules.rpm, limits.clock()) if rules.rpm else {}
+    if not rules.rpm:
+        return {}
+    got = await request.app[LIMITS].store.take([Bucket(f"{who}:rpm", 1, float(rules.rpm), window=True)])
+    if got.refused is not None:
+        raise _refuse("requests", rules.rpm, got.left[0], got.wait)
+    return _headers(rules.rpm, got.left[0], 60.0 * (rules.rpm - got.left[0]) / rules.rpm)
 
 
 def _tokens(ctx: CallContext) -> int:
@@ -118,21 +94,27 @@ def _headers(limit: float, left: float, reset: float) -> dict[str, str]:
 
 
 @hookimpl
-def gateway_admit(ctx: CallContext):
-    limits = ctx.request.app[LIMITS]
+async def gateway_admit(ctx: CallContext):
     who, rules = _who(ctx.request, ctx.principal)
-    now = limits.clock()
     rpm, tpm = rules.rpm, rules.tpm
     tokens = _tokens(ctx)
+    buckets = []
     if rpm:
-        ctx.response_headers.update(_take_request(limits, who, rpm, now))
+        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm), window=True))
     if tpm and tokens:
-        ok, left, wait = limits.store.take(f"{who}:tpm", tokens, float(tpm), now)
-        if not ok:
-            if rpm:
-                limits.store.give_back(f"{who}:rpm", 1, float(rpm), now)   # the refused call used nothing
-            raise _refuse("tokens", tpm, left, wait, tokens)
-        ctx.rate_taken = (f"{who}:tpm", tokens, float(tpm))
+        buckets.append(Bucket(f"{who}:tpm", tokens, float(tpm)))
+    if not buckets:
+        return
+    got = await ctx.request.app[LIMITS].store.take(buckets)
+    if got.refused is not None:
+        refused = buckets[got.refused]
+        kind, limit = ("requests", rpm) if refused.key.endswith(":rpm") else ("tokens", tpm)
+        raise _refuse(kind, limit, got.left[got.refused], got.wait, tokens)
+    if rpm:
+        left = got.left[0]
+        ctx.response_headers.update(_headers(rpm, left, 60.0 * (rpm - left) / rpm))
+    if tpm and tokens:
+        ctx.rate_taken = buckets[-1]
 
 
 def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) -> GatewayError:
@@ -144,15 +126,14 @@ def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) ->
 
 
 @hookimpl
-def gateway_record_usage(ctx: CallContext):
+async def gateway_record_usage(ctx: CallContext):
     """Give back the tokens a call reserved but did not use."""
+    taken: Bucket | None
     taken, ctx.rate_taken = ctx.rate_taken, None
     if taken is None:
         return
-    key, reserved, capacity = taken
     used = 0
     if ctx.billing:
         used = ctx.billing.get("input_tokens_billed", 0) + ctx.billing.get("output_tokens_billed", 0)
-    limits = ctx.request.app[LIMITS]
-    if reserved > used:
-        limits.store.give_back(key, reserved - used, capacity, limits.clock())
+    if taken.cost > used:
+        await ctx.request.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))

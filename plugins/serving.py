@@ -73,14 +73,15 @@ class GuardedRunner(web.AppRunner):
         return server
 
 
-async def serve(app: web.Application, host: str, port: int, settings) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(app: web.Application, host: str, port: int, settings, *, reuse_port: bool = False) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully. `reuse_port`: one of the
+    workers of `gateway run --workers N`, all bound to the same port."""
     files = raise_open_file_limit()
     cap = max(16, min(settings.max_connections, files - SPARE_FILES))
     runner = GuardedRunner(app, max_connections=cap, handler_cancellation=True,
                            access_log=None, keepalive_timeout=settings.keepalive_seconds, shutdown_timeout=30)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     log.info("serving", host=host, port=port, open_file_limit=files, max_connections=cap,
              keepalive_seconds=settings.keepalive_seconds, request_timeout_seconds=settings.request_timeout_seconds)

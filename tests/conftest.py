@@ -16,7 +16,7 @@ from gateway import create_app
 from plugins.accounts import create_account
 from plugins.appstate import STORE
 from tests.fakes import FakeAnthropic, FakeGemini, FakeOpenAIChat, FakeOpenAIResponses
-from tests.servers import postgres_server, postgres_url  # noqa: F401  (fixtures)
+from tests.servers import postgres_server, postgres_url, redis_server, redis_url  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = 1_000_000
@@ -122,6 +122,14 @@ def start_gateway(aiohttp_server, write_config):
 @pytest.fixture
 async def gw(start_gateway):
     return await start_gateway()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def shared_state(request) -> dict:
+    """Config for where rate limits and key changes live: in process, or in a real Redis."""
+    if request.param == "memory":
+        return {}
+    return {"redis": request.getfixturevalue("redis_url")}
 
 
 @pytest.fixture

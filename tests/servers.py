@@ -1,5 +1,5 @@
-"""Real database servers for the test suite, started by the suite itself: on loopback, in
-a temporary folder, stopped when the session ends. Debian's packages provide them
+"""Real servers for the test suite (PostgreSQL, Redis), started by the suite itself: on
+loopback, in a temporary folder, stopped when the session ends. Debian's packages provide them
 (`scripts/test` installs them). Locally a missing server skips its tests with a message
 saying what to install; under CI=true it fails them instead, so CI never goes green
 without them."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -53,6 +54,17 @@ def wait_for_port(port: int, seconds: float, proc: subprocess.Popen | None = Non
             time.sleep(0.05)
     detail = log.read_text()[-2000:] if log and log.exists() else ""
     raise RuntimeError(f"server on 127.0.0.1:{port} did not start in {seconds:.0f} s\n{detail}")
+
+
+def stop_process(proc: subprocess.Popen, seconds: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class PostgresServer:
@@ -137,3 +149,45 @@ def postgres_server():
 async def postgres_url(postgres_server) -> str:
     """A fresh, empty store on the session's server."""
     return await postgres_server.fresh_url()
+
+
+class RedisServer:
+    """redis-server with no persistence (no RDB snapshots, no AOF) in its own folder."""
+
+    def __init__(self, folder: Path):
+        binary = find_binary("redis-server", [])
+        if binary is None:
+            unavailable("Redis", "redis-server")
+        self.port = free_port()
+        log = folder / "redis.log"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "",
+             "--appendonly", "no", "--logfile", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(self.port, 15, self.proc, log)
+        except RuntimeError:
+            self.stop()
+            raise
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One Redis for the whole session (skips or fails if not installed)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The session's Redis, emptied for this test."""
+    import redis
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
+    return redis_server.url

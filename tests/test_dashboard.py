@@ -94,7 +94,6 @@ async def test_operator_creates_an_account_and_sees_its_call(ops, browser, shots
     assert errors == []
 
 
-@pytest.mark.skip(reason="the account's own key routes (GET/POST/DELETE /api/v1/account/keys) land with the scale-out work")
 async def test_account_holder_sees_the_call_and_revokes_a_key(ops, browser, shots):
     key, account = await ops.key(3)
     await ops.openai(key).chat.completions.create(model="demo/echo", messages=HELLO)

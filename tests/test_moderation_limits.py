@@ -97,8 +97,8 @@ async def test_moderation_provider_down(start_gateway, fail_closed, expected):
 HI = {"model": "demo/echo", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def test_rpm_is_exact_under_200_concurrent_calls(start_gateway):
-    gw = await start_gateway({"limits": {"per_key": {"rpm": 50}}})
+async def test_rpm_is_exact_under_200_concurrent_calls(start_gateway, shared_state):
+    gw = await start_gateway({"limits": {"per_key": {"rpm": 50}}, **shared_state})
     key, account = await gw.key(1)
     results = await asyncio.gather(*[post(gw, "/api/v1/chat/completions", HI, key) for _ in range(200)])
     statuses = [r[0] for r in results]
@@ -114,8 +114,8 @@ async def test_rpm_is_exact_under_200_concurrent_calls(start_gateway):
     assert ok[2]["RateLimit-Limit"] == "50"
 
 
-async def test_tpm_counts_input_estimate_plus_cap_and_gives_back_the_unused(start_gateway):
-    gw = await start_gateway({"limits": {"per_key": {"tpm": 300}}})
+async def test_tpm_counts_input_estimate_plus_cap_and_gives_back_the_unused(start_gateway, shared_state):
+    gw = await start_gateway({"limits": {"per_key": {"tpm": 300}}, **shared_state})
     key, _ = await gw.key(1)
     status, err, _ = await post(gw, "/api/v1/chat/completions", {**HI, "max_tokens": 400}, key)
     assert status == 429 and "this call needs 401" in err["error"]["message"]
@@ -124,9 +124,21 @@ async def test_tpm_counts_input_estimate_plus_cap_and_gives_back_the_unused(star
         assert status == 200
 
 
-async def test_keyless_callers_are_limited_by_address(start_gateway):
-    gw = await start_gateway({"limits": {"per_address": {"rpm": 2}, "per_key": {"rpm": 100}}})
+async def test_keyless_callers_are_limited_by_address(start_gateway, shared_state):
+    gw = await start_gateway({"limits": {"per_address": {"rpm": 2}, "per_key": {"rpm": 100}}, **shared_state})
     statuses = [(await post(gw, "/api/v1/chat/completions", HI))[0] for _ in range(3)]
     assert statuses == [402, 402, 429]                                  # the third is limited before payment
     key, _ = await gw.key(1)
     assert (await post(gw, "/api/v1/chat/completions", HI, key))[0] == 200   # keys have their own buckets
+
+
+async def test_rpm_is_a_sliding_minute_not_a_refilling_bucket(start_gateway, shared_state):
+    """60 calls, then a pause that a refilling bucket would top up by one: still refused
+    (however long a burst takes, rpm admits that many in any 60 s)."""
+    gw = await start_gateway({"limits": {"per_key": {"rpm": 60}}, **shared_state})
+    key, _ = await gw.key(1)
+    statuses = await asyncio.gather(*[post(gw, "/api/v1/chat/completions", HI, key) for _ in range(61)])
+    assert sorted(s for s, _, _ in statuses) == [200] * 60 + [429]
+    await asyncio.sleep(1.1)
+    status, err, headers = await post(gw, "/api/v1/chat/completions", HI, key)
+    assert status == 429 and 57 <= int(headers["Retry-After"]) <= 60

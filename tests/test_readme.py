@@ -21,7 +21,8 @@ FENCE = re.compile(r"^(<!-- readme-test: skip \((?P<why>[^)]+)\) -->\n)?```(?P<l
 SKIPPED_ON_PURPOSE = {"the set-up commands: this suite is what they run",
                       "needs network access to GitHub",
                       "needs a funded wallet and an x402 facilitator",
-                      "installs a system package and runs for minutes"}
+                      "installs a system package and runs for minutes",
+                      "needs a container engine"}
 
 
 def blocks() -> list[tuple[str, str, str | None]]:

@@ -20,7 +20,7 @@ from plugins import hookimpl
 from plugins.accounts import create_account, require_key
 from plugins.allowance import left as allowance_left
 from plugins.appstate import STORE
-from plugins.auth import KEY_PREFIX, credential, forget
+from plugins.auth import KEY_PREFIX, credential, key_changed
 from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import json_response, read_json
 from plugins.keypolicy import PERIODS
@@ -222,7 +222,7 @@ async def revoke_key(request):
     if found is None:
         raise GatewayError(404, f"no key {key_id}", code="key_not_found")
     await store.keys.revoke(key_id)
-    forget()
+    await key_changed(request.app)            # every process drops what it cached
     return json_response({"id": key_id, "revoked_at": (await reports.key(store, key_id))["revoked_at"]})
 
 

@@ -8,7 +8,7 @@ import sys
 from config import format_usd, parse_usd, usd
 from plugins import hookimpl
 from plugins.accounts import MAX_GRANT_MICRO, create_account, with_store
-from plugins.auth import forget, hash_key
+from plugins.auth import hash_key
 
 from plugins.storage import reports
 
@@ -65,8 +65,7 @@ def cmd_keys_revoke(args) -> int:
             return _fail("no key matches (give the whole key, or its prefix as `gateway keys list` shows it)")
         if len(matches) > 1:
             return _fail(f"{len(matches)} keys start with {args.key!r}; give more of the key")
-        await store.keys.revoke(matches[0]["id"])
-        forget()
+        await store.keys.revoke(matches[0]["id"])      # running gateways re-read a key within a second
         revoked = (await reports.key(store, matches[0]["id"]))["revoked_at"]
         print(f"key {matches[0]['prefix']}... (id {matches[0]['id']}) revoked at {revoked}")
         return 0

@@ -1,0 +1,109 @@
+"""The auth cache: a found key is kept for `TTL_SECONDS` so a busy key does not cost a query
+per call, and a change to a key (revoked, given an agent) reaches every process at once.
+
+- Everywhere, an entry lives at most 1 s: a change made anywhere (another process, another
+  machine, the CLI writing to the database) is seen within a second, even with no Redis or
+  with its subscription down.
+- The process that made a change drops its own entries at once.
+- With `redis:`, every change is also published on `CHANNEL`; each process subscribes and
+  drops the entry as the message arrives, so the others see it within milliseconds.
+
+A lookup that raced a change (it read the database before the change and would cache the
+old row after it) is not cached: every drop bumps a generation that the lookup checks.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from .redis_link import REDIS
+
+CHANNEL = "gw:keys"
+ALL = b"*"
+TTL_SECONDS = 1.0
+POLL_SECONDS = 0.5                 # how often the listener looks up from its channel to see if it must stop
+
+log = structlog.get_logger("keycache")
+
+
+class KeyCache:
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._entries: dict[str, tuple[float, object]] = {}     # key hash -> (fetched at, principal)
+        self._generation = 0
+        self.redis = None                # set when a shared channel exists
+
+    async def get(self, digest: str, load: Callable[[], Awaitable[object | None]]):
+        """The cached principal for `digest`, or `load()`ed (and cached if found)."""
+        now = self.clock()
+        hit = self._entries.get(digest)
+        if hit is not None and now - hit[0] < TTL_SECONDS:
+            return hit[1]
+        generation = self._generation
+        principal = await load()
+        if principal is None:
+            self._entries.pop(digest, None)
+        elif generation == self._generation:
+            self._entries[digest] = (now, principal)
+        return principal
+
+    def drop(self, digest: bytes | str | None = None) -> None:
+        self._generation += 1
+        if digest is None or digest == ALL:
+            self._entries.clear()
+        else:
+            self._entries.pop(digest.decode() if isinstance(digest, bytes) else digest, None)
+
+    async def changed(self, digest: str | None = None) -> None:
+        """A key changed (None: possibly any key): drop it here and in every other process."""
+        self.drop(digest)
+        if self.redis is not None:
+            try:
+                await self.redis.publish(CHANNEL, digest or ALL)
+            except (RedisError, OSError) as exc:     # the others still see it within TTL_SECONDS
+                log.warning("key_change_not_published", error=str(exc))
+
+    async def listen(self, stopping: asyncio.Event) -> None:
+        """Follow the change channel until `stopping` is set, resubscribing after any failure.
+        (redis-py's pub/sub read can swallow a cancellation and return normally, so the
+        event, not the cancellation alone, ends the loop.)"""
+        while not stopping.is_set():
+            try:
+                async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(CHANNEL)
+                    self.drop()          # whatever was missed while unsubscribed
+                    while not stopping.is_set():
+                        message = await pubsub.get_message(timeout=POLL_SECONDS)
+                        if message is not None:
+                            self.drop(message["data"])
+            except (RedisError, OSError) as exc:
+                if not stopping.is_set():
+                    log.warning("key_changes_unsubscribed", error=str(exc))
+                    await asyncio.sleep(0.2)
+
+
+KEYCACHE = web.AppKey("keycache", KeyCache)
+
+
+def install(app: web.Application) -> None:
+    app[KEYCACHE] = KeyCache()
+    app.cleanup_ctx.append(_subscription)
+
+
+async def _subscription(app: web.Application):
+    if REDIS not in app:
+        yield
+        return
+    cache = app[KEYCACHE]
+    cache.redis = app[REDIS]
+    stopping = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(cache.listen(stopping))
+    yield
+    stopping.set()
+    task.cancel()
+    await asyncio.wait([task], timeout=2)     # never hold up the shutdown for it
