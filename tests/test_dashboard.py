@@ -86,6 +86,7 @@ async def test_operator_creates_an_account_and_sees_its_call(ops, browser, shots
     balance = await page.inner_text("[data-testid=balance]")
     assert balance == f"${5 - reply.billing['usd']:.6f}".rstrip("0")
     await page.screenshot(path=str(shots / "operator-account.png"), full_page=True)
+    assert "undefined" not in await page.inner_text("main")
     await page.click("text=All accounts")
     await page.wait_for_selector("[data-testid=by-model] td:has-text('demo/echo')")
     assert await page.locator("[data-testid=usage-chart] rect").count() == 1
@@ -111,6 +112,7 @@ async def test_account_holder_sees_the_call_and_revokes_a_key(ops, browser, shot
     spare = (await page.inner_text("[data-testid=new-key]")).strip()
     await ops.openai(spare).chat.completions.create(model="demo/echo", messages=HELLO)
     await page.screenshot(path=str(shots / "account.png"), full_page=True)
+    assert "undefined" not in await page.inner_text("main")
 
     await page.click(f"[data-testid='revoke-{spare[:12]}']")
     await page.wait_for_selector("text=revoked")

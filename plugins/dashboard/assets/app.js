@@ -127,11 +127,11 @@ const input = (name, label, attrs = {}) => el("label", {}, label, el("input", {n
 
 function usageColumns(withAccount) {
   return [
-    ["When", (u) => when(u.created_at)],
+    ["When", (u) => when(u.created_at ?? u.created)],
     ...(withAccount ? [["Account", (u) => u.account_id ?? "—"]] : []),
     ["Endpoint", (u) => u.endpoint],
     ["Model", (u) => u.model ?? "—"],
-    ["Tokens in / out", (u) => `${u.input_tokens} / ${u.output_tokens}`],
+    ["Tokens in / out", (u) => `${u.input_tokens ?? u.input_tokens_billed} / ${u.output_tokens ?? u.output_tokens_billed}`],
     ["Charge", (u) => usd(u.usd)],
     ["Outcome", (u) => `${u.outcome ?? ""} ${u.status ?? ""}`],
     ["Billing", (u) => (u.billing && u.billing.note) || ""],
