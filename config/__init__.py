@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from .lifecycle import Lifecycle, check_replacements
 from .money import MICRO, discounted, format_usd, parse_usd, usd  # noqa: F401 - the money API lives here
 from .problems import did_you_mean, parse_yaml, translate
 from .schema import (
@@ -72,6 +73,9 @@ class ChatModel:
     tools: bool = False
     vision: bool = False
     note: str | None = None
+    context_length: int | None = None     # tokens, as the provider documents them
+    max_output_tokens: int | None = None
+    lifecycle: Lifecycle = Lifecycle()
 
 
 @dataclass
@@ -293,6 +297,11 @@ def _build(file: str, raw: dict, unset: dict[str, str], base_dir: Path) -> Confi
                 chat_models[entry.id] = _chat_model(entry, discount)
             else:
                 media[entry.id] = entry
+    ids = {kind: [m.id for m in entries] for kind, entries in
+           (("chat", models.chat), ("image", models.image), ("video", models.video))}
+    for kind in ids:
+        for i, entry in enumerate(getattr(models, kind)):
+            problems += check_replacements(file, kind, i, entry, ids[kind])
 
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
@@ -329,7 +338,9 @@ def _chat_model(entry: ChatModelEntry, discount) -> ChatModel:
         input_micro=entry.input_usd_per_mtok if entry.input_usd_per_mtok is not None else discounted(li, discount),
         output_micro=entry.output_usd_per_mtok if entry.output_usd_per_mtok is not None else discounted(lo, discount),
         pricing=entry.pricing, request_micro=entry.usd_per_request or 0,
-        tools=entry.tools, vision=entry.vision, note=entry.note)
+        tools=entry.tools, vision=entry.vision, note=entry.note,
+        context_length=entry.context_length, max_output_tokens=entry.max_output_tokens,
+        lifecycle=Lifecycle.of(entry))
 
 
 def redact(node):

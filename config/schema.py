@@ -9,6 +9,7 @@ in another section) are checked by `references()` once every section has parsed.
 """
 from __future__ import annotations
 
+from datetime import date, datetime
 from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
@@ -26,6 +27,21 @@ Ratio = Annotated[Fraction, PlainValidator(parse_ratio),     # an exact multipli
 Count = Annotated[int, Field(gt=0)]                          # a positive whole number
 Seconds = Annotated[float, Field(gt=0)]
 Reference = tuple[str, str]                                  # (key path inside the section, problem)
+
+
+def _day(value: Any) -> date:
+    """A calendar day: YAML's unquoted 2027-01-14, or the same text quoted."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a date YYYY-MM-DD, got {value!r}")
+
+
+Day = Annotated[date, PlainValidator(_day), PlainSerializer(date.isoformat, when_used="json")]
 
 
 class Known:
@@ -93,7 +109,22 @@ class PricingSettings(Section):
         return self
 
 
-class ChatModelEntry(Section):
+class LifecycleFields(Section):
+    """When a catalog model ends, on chat and media entries alike (config/lifecycle.py):
+    from `retires` on, calls are refused naming `replacement`, which must be a model of
+    the same kind in the catalog (checked once the whole catalog has loaded)."""
+    deprecated: Day | None = None          # when the provider announced the end
+    retires: Day | None = None             # the first day the provider no longer serves it
+    replacement: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.deprecated and self.retires and self.retires < self.deprecated:
+            raise ValueError(f"retires: {self.retires} is before deprecated ({self.deprecated})")
+        return self
+
+
+class ChatModelEntry(LifecycleFields):
     id: str = Field(min_length=1)
     provider: str
     label: str | None = None
@@ -106,6 +137,8 @@ class ChatModelEntry(Section):
     usd_per_request: USD | None = None
     tools: bool = False
     vision: bool = False
+    context_length: Count | None = None        # tokens the model reads at most (listed)
+    max_output_tokens: Count | None = None     # tokens it writes at most (listed)
     note: str | None = None
 
     @model_validator(mode="after")
@@ -184,7 +217,7 @@ def _upstream(value: Any) -> Any:
     raise ValueError(f"expected a model id or a map operation -> model id, got {value!r}")
 
 
-class MediaEntry(Section):
+class MediaEntry(LifecycleFields):
     kind: ClassVar[str] = ""
     id: str = Field(min_length=1)
     provider: str

@@ -52,6 +52,7 @@ DEFAULT_PLUGINS = (
     "plugins.accounts",
     "plugins.account_keys",
     "plugins.listings",
+    "plugins.catalog",
     "plugins.media",
     "plugins.media.artifacts",
     "plugins.cors",

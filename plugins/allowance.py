@@ -21,7 +21,7 @@ from config import usd
 from config.schema import USD, Section
 
 from . import hookimpl
-from .appstate import STORE
+from .appstate import CLOCK, STORE, now  # noqa: F401 - CLOCK: tests install their clock under it
 from .context import CallContext
 from .errors import bad_request
 from .pricing import token_cost
@@ -29,7 +29,6 @@ from .routing import route_to
 from .storage import FreeAsk
 
 FREE = web.AppKey("free", object)
-CLOCK = web.AppKey("clock", object)      # tests replace it to cross day boundaries
 FREE_ID, SMART_ID = "svc/free", "svc/smart"
 
 
@@ -40,10 +39,6 @@ class FreeSettings:
     frontier: set[str] = field(default_factory=set)
     output_cap: int = 0
     featured: list[str] = field(default_factory=list)
-
-
-def now(app) -> float:
-    return app.get(CLOCK, time.time)()
 
 
 def today(app) -> str:

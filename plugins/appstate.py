@@ -3,6 +3,8 @@ gateway.py so plugins never import the core (which may be running as __main__)."
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import date, datetime, timezone
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +22,16 @@ PROVIDER_TYPES = web.AppKey("provider_types", dict)
 FORMATS = web.AppKey("formats", dict)
 BACKGROUND = web.AppKey("background", set)
 REQUEST_ID = web.RequestKey("request_id", str)
+CLOCK = web.AppKey("clock", object)      # a callable -> Unix time; tests replace it to move the date
+
+
+def now(app: web.Application) -> float:
+    """The app's clock: what day it is for the free allowance and for retired models."""
+    return app.get(CLOCK, time.time)()
+
+
+def utc_today(app: web.Application) -> date:
+    return datetime.fromtimestamp(now(app), timezone.utc).date()
 
 
 def spawn(app: web.Application, coro) -> asyncio.Task:

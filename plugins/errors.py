@@ -6,6 +6,8 @@ Nothing else should ever reach a client as an error.
 """
 from __future__ import annotations
 
+from config.lifecycle import retired_message
+
 # OpenAI-style `error.type` per status, used when a raiser does not choose one.
 _DEFAULT_TYPES = {
     400: "invalid_request_error",
@@ -14,6 +16,7 @@ _DEFAULT_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    410: "invalid_request_error",
     413: "request_too_large",
     422: "moderation_flagged",
     429: "rate_limit_error",
@@ -58,9 +61,14 @@ def model_not_available(model_id: str, reason: str) -> GatewayError:
                         code="model_not_available")
 
 
+def model_retired(model_id: str, lifecycle) -> GatewayError:
+    """A catalog model past its `retires` date: gone for good, so 410, naming the replacement."""
+    return GatewayError(410, retired_message(model_id, lifecycle), param="model", code="model_retired")
+
+
 # Statuses a client must not retry unchanged (sent as `x-should-retry: false`, which the
 # OpenAI and Anthropic SDKs and the Claude Code CLI honour).
-NOT_RETRYABLE = frozenset({400, 401, 402, 403, 404, 413, 422})
+NOT_RETRYABLE = frozenset({400, 401, 402, 403, 404, 410, 413, 422})
 
 
 class StartupError(Exception):

@@ -54,6 +54,8 @@ def chat_listing(app) -> dict:
                  "list_output_usd_per_mtok": usd(m.list_output_micro)}
         if m.pricing == "per_request":
             entry["usd_per_request"] = usd(m.request_micro)
+        entry["context_length"], entry["max_output_tokens"] = m.context_length, m.max_output_tokens
+        entry.update(m.lifecycle.listing())
         if m.note:
             entry["note"] = m.note
         models.append(entry)

@@ -19,9 +19,9 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from . import acall_all, acall_first, around
-from .appstate import PM, REQUEST_ID, spawn
+from .appstate import PM, REQUEST_ID, spawn, utc_today
 from .context import OK, CallContext, new_id
-from .errors import GatewayError, bad_request
+from .errors import GatewayError, bad_request, model_retired
 from .formats.base import ClientFormat, read_json
 
 log = structlog.get_logger("gateway")
@@ -55,6 +55,8 @@ async def run_stages(ctx: CallContext) -> None:
     ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
     if ctx.route is None:
         raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
+    if ctx.route.model.lifecycle.retired(utc_today(ctx.request.app)):    # before any hold or upstream call
+        raise model_retired(ctx.route.model.id, ctx.route.model.lifecycle)
     ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
     if ctx.hold is None:
         raise GatewayError(402, "this call cannot be paid for: send an API key")

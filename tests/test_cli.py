@@ -96,7 +96,7 @@ def test_run_without_config_uses_the_embedded_demo(tmp_path):
                 break
             except openai.APIConnectionError:
                 time.sleep(0.1)
-        assert "demo/echo" in ids and "openai/gpt-4o-mini" not in ids      # no key: not listed
+        assert "demo/echo" in ids and "openai/gpt-6-luna" not in ids      # no key: not listed
         assert (tmp_path / "d.db").exists()
     finally:
         proc.send_signal(signal.SIGTERM)

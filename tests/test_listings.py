@@ -1,7 +1,6 @@
-"""Model listings need no key and show the service price next to the list price."""
+"""Model listings need no key and show the service price next to the list price (the
+shipped catalog itself is linted in test_catalog.py)."""
 import aiohttp
-
-from config import load
 
 
 async def get(gw, path):
@@ -43,29 +42,3 @@ async def test_per_request_models_charge_their_price(start_gateway):
     resp = await gw.openai(key).chat.completions.create(model="demo/flat", messages=[{"role": "user", "content": "x"}])
     assert resp.model_extra["billing"]["usd"] == 0.002
     assert await gw.balance(account) == 1_000_000 - 2_000
-
-
-def test_shipped_catalog_is_consistent():
-    cfg = load(env={})
-    real = [m for m in cfg.chat_models.values() if m.provider != "demo"]
-    assert len(real) >= 35
-    providers = {m.provider for m in real}
-    assert {"openai", "anthropic", "google", "xai", "deepseek", "mistral", "together"} <= providers
-    for m in real:
-        assert m.list_input_micro > 0 and m.list_output_micro > 0, m.id
-        assert m.input_micro * 2 == m.list_input_micro or abs(m.input_micro * 2 - m.list_input_micro) <= 1, m.id
-
-
-def test_shipped_media_catalog_is_consistent():
-    from gateway import create_app
-    from plugins.media import MEDIA
-    cfg = load(env={})
-    catalog = create_app(cfg)[MEDIA].catalog
-    real = [m for m in catalog.values() if m.provider != "demo"]
-    assert sum(m.kind == "image" for m in real) == 15 and sum(m.kind == "video" for m in real) == 25
-    assert {m.provider for m in real} == {"openai", "fal", "replicate"}
-    for m in real:
-        assert m.list_micro > 0 and m.service_micro * 2 in (m.list_micro, m.list_micro + 1), m.id
-        assert "edit" not in m.upstream or m.max_references >= 1, m.id
-        if m.kind == "video":
-            assert m.duration.allows(m.duration.default), m.id

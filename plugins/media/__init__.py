@@ -263,6 +263,7 @@ def media_listing(app) -> dict[str, Any]:
             entry["free_tier"] = m.free_tier
         if m.note:
             entry["note"] = m.note
+        entry.update(m.lifecycle.listing())
         models.append(entry)
     from plugins.router import ROUTER
     return {"models": models, "smart": app[ROUTER].media,

@@ -7,6 +7,7 @@ from fractions import Fraction
 from typing import Any
 
 from config import Config, ConfigError, discounted
+from config.lifecycle import Lifecycle
 from config.schema import DurationOption, MediaEntry, Tiered as TieredSettings
 RESOLUTIONS = ("480p", "720p", "768p", "1080p", "1440p", "2160p", "2K", "4K", "1K")
 
@@ -72,6 +73,7 @@ class MediaModel:
     free_tier: dict[str, Any] | None = None
     options_listing: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
+    lifecycle: Lifecycle = Lifecycle()
 
     @property
     def operations(self) -> list[str]:
@@ -136,8 +138,9 @@ def _model(entry: MediaEntry, path: str, cfg: Config, problems: list[str]) -> Me
         timeout_seconds=entry.timeout_seconds or (300 if kind == "video" else 600),
         upstream_input=dict(entry.upstream_input), upstream_fields=dict(entry.upstream_fields),
         upstream_values={k: dict(v) for k, v in entry.upstream_values.items()},
-        free_tier=entry.free_tier.model_dump(exclude_none=True) if entry.free_tier else None, options_listing=options.model_dump(exclude_unset=True, mode="json"),
-        note=entry.note)
+        free_tier=entry.free_tier.model_dump(exclude_none=True) if entry.free_tier else None,
+        options_listing=options.model_dump(exclude_unset=True, mode="json"),
+        note=entry.note, lifecycle=Lifecycle.of(entry))
     if kind == "video" and model.duration is None:
         model.duration = Duration(values=[5.0], default=5.0)
     if model.resolution:
