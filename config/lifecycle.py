@@ -7,10 +7,23 @@ Dates are UTC calendar days; a model is retired from the first moment of its `re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
-from typing import Iterator
+from datetime import date, datetime, timedelta
+from typing import Any, Iterator
 
 WARN_DAYS = 30          # start-up warnings and `gateway catalog check` look this far ahead
+
+
+def parse_day(value: Any) -> date:
+    """A calendar day: YAML's unquoted 2027-01-14, or the same as text (quoted, or typed on
+    the command line)."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a date YYYY-MM-DD, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ in another section) are checked by `references()` once every section has parsed.
 """
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import date
 from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator,
 )
 
+from .lifecycle import parse_day
 from .money import parse_ratio, parse_usd
 
 # ---- value types ------------------------------------------------------------------
@@ -29,19 +30,7 @@ Seconds = Annotated[float, Field(gt=0)]
 Reference = tuple[str, str]                                  # (key path inside the section, problem)
 
 
-def _day(value: Any) -> date:
-    """A calendar day: YAML's unquoted 2027-01-14, or the same text quoted."""
-    if isinstance(value, date) and not isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        try:
-            return date.fromisoformat(value)
-        except ValueError:
-            pass
-    raise ValueError(f"expected a date YYYY-MM-DD, got {value!r}")
-
-
-Day = Annotated[date, PlainValidator(_day), PlainSerializer(date.isoformat, when_used="json")]
+Day = Annotated[date, PlainValidator(parse_day), PlainSerializer(date.isoformat, when_used="json")]
 
 
 class Known:

@@ -16,7 +16,7 @@ from typing import Iterator
 import structlog
 
 import config as config_mod
-from config.lifecycle import WARN_DAYS, endings
+from config.lifecycle import WARN_DAYS, endings, parse_day
 
 from . import hookimpl
 from .appstate import CONFIG, utc_today
@@ -37,9 +37,9 @@ def gateway_startup(app):
 
 def _day(text: str) -> date:
     try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {text!r}") from None
+        return parse_day(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @hookimpl
@@ -84,17 +84,14 @@ def price_differences(cfg, today: date) -> Iterator[str]:
     when = datetime(today.year, today.month, today.day, tzinfo=timezone.utc)
     unknown = compared = 0
     for m in cfg.chat_models.values():
-        base_url = cfg.providers[m.provider].settings.get("base_url") or ""
-        if m.pricing != "per_token" or not base_url:
+        if m.pricing != "per_token":
             continue
-        try:        # per 1,000 tokens, so that no long-prompt tier applies
-            price = genai_prices.calc_price(genai_prices.Usage(input_tokens=1000, output_tokens=1000), m.upstream,
-                                            provider_api_url=base_url, genai_request_timestamp=when)
-        except (LookupError, ValueError):
+        base_url = cfg.providers[m.provider].settings.get("base_url")
+        theirs = _their_price(genai_prices, m.upstream, base_url, when) if base_url else None
+        if theirs is None:
             unknown += 1
             continue
         compared += 1
-        theirs = (_per_mtok(price.input_price), _per_mtok(price.output_price))
         ours = (Decimal(m.list_input_micro) / 1_000_000, Decimal(m.list_output_micro) / 1_000_000)
         if theirs != ours:
             yield (f"price differs: chat model {m.id} ({m.upstream}): list {_pair(ours)}, "
@@ -103,8 +100,15 @@ def price_differences(cfg, today: date) -> Iterator[str]:
           f"({unknown} not in its data)"
 
 
-def _per_mtok(per_thousand: Decimal) -> Decimal:
-    return (per_thousand * 1000).normalize()
+def _their_price(genai_prices, upstream: str, base_url: str, when: datetime) -> tuple[Decimal, Decimal] | None:
+    """genai-prices' (input, output) USD per million tokens for this upstream id at this
+    provider URL, or None when its data does not have it."""
+    try:        # priced on 1,000 tokens each, so that no long-prompt tier applies
+        price = genai_prices.calc_price(genai_prices.Usage(input_tokens=1000, output_tokens=1000), upstream,
+                                        provider_api_url=base_url, genai_request_timestamp=when)
+    except (LookupError, ValueError):
+        return None
+    return (price.input_price * 1000).normalize(), (price.output_price * 1000).normalize()
 
 
 def _pair(prices: tuple[Decimal, Decimal]) -> str:
