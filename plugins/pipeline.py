@@ -21,7 +21,7 @@ from aiohttp import web
 from . import acall_all, acall_first, around
 from .appstate import PM, REQUEST_ID, spawn, utc_today
 from .context import OK, CallContext, new_id
-from .errors import GatewayError, bad_request, model_retired
+from .errors import GatewayError, bad_request, model_not_available, model_retired
 from .formats.base import ClientFormat, read_json
 
 log = structlog.get_logger("gateway")
@@ -55,11 +55,23 @@ async def run_stages(ctx: CallContext) -> None:
     ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
     if ctx.route is None:
         raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
-    if ctx.route.model.lifecycle.retired(utc_today(ctx.request.app)):    # before any hold or upstream call
-        raise model_retired(ctx.route.model.id, ctx.route.model.lifecycle)
+    check_servable(ctx)
     ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
     if ctx.hold is None:
         raise GatewayError(402, "this call cannot be paid for: send an API key")
+
+
+def check_servable(ctx: CallContext) -> None:
+    """The resolved model can answer today, checked here once for every format, chat and
+    media alike, before any hold or upstream call: not retired (410 naming the replacement:
+    first, since setting a key would not help), and its provider has what it needs (400
+    naming what the operator must set)."""
+    model, provider = ctx.route.model, ctx.route.provider
+    if model.lifecycle.retired(utc_today(ctx.request.app)):
+        raise model_retired(model.id, model.lifecycle)
+    reason = provider.unavailable_reason()
+    if reason:
+        raise model_not_available(model.id, reason)
 
 
 @contextlib.asynccontextmanager

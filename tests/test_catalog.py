@@ -148,10 +148,14 @@ def test_lifecycle_mistakes_name_the_key(tmp_path, old, expected):
 
 def upstream_with_a_retiring_model(fake) -> dict:
     return {"providers": {"up": {"type": "openai", "base_url": str(fake.server.make_url("/v1")),
-                                 "api_key": "sk-test-upstream"}},
+                                 "api_key": "sk-test-upstream"},
+                          "nokey": {"type": "openai", "base_url": "http://127.0.0.1:9/v1",
+                                    "api_key": "${SURELY_UNSET_KEY_VAR:-}"}},
             "models": {"chat": DEMO_MODELS + [
                 {"id": "up/old", "provider": "up", "upstream": "gpt-old", **UPSTREAM_PRICES,
                  "deprecated": date(2026, 6, 1), "retires": RETIRES, "replacement": "up/new"},
+                {"id": "nokey/old", "provider": "nokey", **UPSTREAM_PRICES, "retires": RETIRES,
+                 "replacement": "up/new"},
                 {"id": "up/new", "provider": "up", "upstream": "gpt-new", **UPSTREAM_PRICES,
                  "context_length": 400_000, "max_output_tokens": 128_000}],
                 "image": [{"id": "demo/old-image", "provider": "demo", "list_usd_per_image": 0.02,
@@ -192,7 +196,8 @@ async def test_a_retired_model_answers_410_naming_its_replacement(start_gateway,
     calls = [(lambda: client.chat.completions.create(model="up/old", messages=HI), "up/new"),
              (lambda: client.chat.completions.create(model="up/old", messages=HI, stream=True), "up/new"),
              (lambda: client.responses.create(model="up/old", input="hi"), "up/new"),
-             (lambda: client.images.generate(model="demo/old-image", prompt="a fox"), "demo/image")]
+             (lambda: client.images.generate(model="demo/old-image", prompt="a fox"), "demo/image"),
+             (lambda: client.chat.completions.create(model="nokey/old", messages=HI), "up/new")]   # no key: still 410
     for call, replacement in calls:
         with pytest.raises(openai.APIStatusError) as info:
             await call()

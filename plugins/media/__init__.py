@@ -23,7 +23,7 @@ from config.schema import Count, Seconds, Section
 from plugins import hookimpl
 from plugins.appstate import CONFIG, HTTP, PM, PROVIDERS
 from plugins.context import CallContext, Route
-from plugins.errors import GatewayError, bad_request, model_not_available
+from plugins.errors import GatewayError, bad_request
 from plugins.formats.base import ClientFormat, json_response, openai_error_body
 from plugins.netguard import check_url, check_url_resolved
 from plugins.pipeline import run_call, succeeded
@@ -139,9 +139,6 @@ def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -
         raise bad_request(f"model {model_id!r} is not a{'n' if endpoint.kind == 'image' else ''} {endpoint.kind} "
                           "model here; GET /api/v1/media/models lists them", param="model", code="model_not_found")
     provider = app[PROVIDERS][model.provider]
-    reason = provider.unavailable_reason()
-    if reason:
-        raise model_not_available(model_id, reason)
     f, prompt = ctx.media_fields, ctx.prompt
     job = parse.image_job(f, prompt, model) if endpoint.kind == "image" else parse.video_job(f, prompt, model)
     for field, url in _client_urls(job, f):
