@@ -3,7 +3,8 @@ and Veo videos in providers/gemini_media.py.
 
 Settings: base_url (default https://generativelanguage.googleapis.com), api_key,
 timeout_seconds, poll_seconds (Veo renders). Roles are user/model only; the system
-prompt is `systemInstruction`; tool results are `functionResponse` parts that name the function and carry an object.
+prompt is `systemInstruction`; tool results are `functionResponse` parts that name the
+function and carry an object.
 
 Gemini 3 refuses a conversation whose function calls lost their `thoughtSignature`.
 Chat completions has no field for it, so the signature rides inside the tool-call id
