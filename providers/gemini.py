@@ -133,6 +133,13 @@ class GeminiProvider(HTTPProvider, QueueProvider):
 
     auth = headers
 
+    def error_status(self, status: int, body: Any) -> int:
+        """Google answers a bad API key with 400 INVALID_ARGUMENT, reason API_KEY_INVALID."""
+        error = body.get("error") if isinstance(body, dict) else None
+        details = error.get("details") if isinstance(error, dict) else None
+        invalid_key = any(isinstance(d, dict) and d.get("reason") == "API_KEY_INVALID" for d in details or [])
+        return 401 if status == 400 and invalid_key else status
+
     async def generate_images(self, job, model):
         from .gemini_media import generate_images
         return await generate_images(self, job, model)

@@ -136,7 +136,8 @@ class QueueProvider(RemoteProvider):
             except orjson.JSONDecodeError:
                 data = {}
             if resp.status >= 400:
-                raise self.upstream_error(resp.status, self.error_text(data, raw), resp.headers.get("Retry-After"))
+                raise self.upstream_error(self.error_status(resp.status, data), self.error_text(data, raw),
+                                          resp.headers.get("Retry-After"))
             if not isinstance(data, dict):
                 raise UpstreamError(502, f"{self.name} answered with JSON that is not an object",
                                     code="upstream_malformed")

@@ -6,8 +6,8 @@ import base64
 import openai
 import pytest
 
-from tests.conftest import MICRO
-from tests.fakes import FakeGeminiMedia, MediaReply
+from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES
+from tests.fakes import FakeGemini, FakeGeminiMedia, MediaReply
 from tests.fakes.gemini_media import CLIP
 from tests.fakes.media_script import png_bytes
 from tests.test_media_upstreams import download, post
@@ -241,3 +241,26 @@ async def test_a_video_on_another_host_is_fetched_without_the_key(gem, how):
     assert cdn[0].headers["host"].startswith("localhost")
     assert (await download(gw, body["results"][0]["url"])) == (200, CLIP)
     assert all(r.headers.get("x-goog-api-key") == KEY for r in fake.requests if r not in cdn)
+
+
+async def test_a_wrong_key_is_the_operators_problem_and_free(aiohttp_server, start_gateway, tmp_path):
+    """Google answers a bad key with a 400; the client is not to blame (chat or media)."""
+    media, chat = FakeGeminiMedia(), FakeGemini()
+    for fake in (media, chat):
+        fake.server = await aiohttp_server(fake.app)
+    wrong = "AIzaWrongWrongWrongWrongWrong12345"
+    gw = await start_gateway({
+        "providers": {"gemini": {"type": "gemini", "base_url": str(media.server.make_url("")), "api_key": wrong},
+                      "gemini-chat": {"type": "gemini", "base_url": str(chat.server.make_url("")), "api_key": wrong}},
+        "models": {"chat": DEMO_MODELS + [{"id": "gemini/flash", "provider": "gemini-chat",
+                                           "upstream": "gemini-2.5-flash", **UPSTREAM_PRICES}],
+                   "image": [{"id": "gemini/nano-banana-2", "provider": "gemini", "list_usd_per_image": 0.045,
+                              "upstream": "gemini-3.1-flash-image"}]},
+        "media": {"artifacts": {"dir": str(tmp_path / "art")}}})
+    key, account = await gw.key(10)
+    status, body = await post(gw, "/api/v1/images/generations", {"model": "gemini/nano-banana-2", "prompt": "x"}, key)
+    assert status == 502 and body["error"]["code"] == "upstream_auth" and "AIza" not in str(body), body
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.openai(key).chat.completions.create(model="gemini/flash", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 502 and info.value.code == "upstream_auth"
+    assert await unchanged(gw, account)
