@@ -12,8 +12,11 @@ challenge of a keyless call. Needs Debian's `wrk` (apt-get install wrk) and `tas
 
 Scale-out stores (`--stores`): lanes 1 and 2 again with the gateway on PostgreSQL + Redis
 (one process; both servers started here, on the load core, from Debian's `postgresql` and
-`redis-server`), and with `gateway run --workers 2` on SQLite (the workers may use both
-cores; their CPU is summed). Each is reported against the same run's null proxy.
+`redis-server`; their own CPU per request is reported beside the gateway's), and with
+`gateway run --workers 2` on SQLite and on PostgreSQL + Redis (the workers may use both cores,
+so they compete with the load generator; their CPU is summed). Each store gets its own memory
+soak. Lane 1 runs once more with `--log-level warning` to price the per-call log line.
+The run ends with the issue's targets, each as a ratio to the same run's null proxy.
 """
 from __future__ import annotations
 
@@ -116,12 +119,31 @@ def server_pids(pid: int) -> list[int]:
     return children or [pid]
 
 
-def measured(pid: int, fn) -> dict:
+def measured(pid: int, fn, side: dict[str, list[int]] | None = None) -> dict:
+    """Run fn (one load) and add the CPU ms per request of the server, and of each side process
+    (the database, Redis) under its own name."""
     pids = server_pids(pid)
+    side = {name: [p for p in ps if Path(f"/proc/{p}").exists()] for name, ps in (side or {}).items()}
     before = sum(map(cpu_seconds, pids))
+    side_before = {name: sum(map(cpu_seconds, ps)) for name, ps in side.items()}
     result = fn()
-    result["cpu_ms"] = (sum(map(cpu_seconds, pids)) - before) * 1000 / max(1, result["requests"])
+    n = max(1, result["requests"])
+    result["cpu_ms"] = (sum(map(cpu_seconds, pids)) - before) * 1000 / n
+    for name, ps in side.items():
+        alive = [p for p in ps if Path(f"/proc/{p}").exists()]
+        result[f"{name}_cpu_ms"] = (sum(map(cpu_seconds, alive)) - side_before[name]) * 1000 / n
     return result
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and every descendant (PostgreSQL forks a backend per connection)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children") if Path(f"/proc/{p}").exists() else []:
+            todo.extend(int(c) for c in task.read_text().split())
+    return out
 
 
 def gateway_config(directory: Path, upstream: int, slow: int | None = None, storage: str | None = None,
@@ -144,12 +166,15 @@ def gateway_config(directory: Path, upstream: int, slow: int | None = None, stor
     return path
 
 
-def run_lanes(base: str, pid: int, key: str, lanes, levels, seconds: float) -> dict:
+def run_lanes(base: str, pid: int, key: str, lanes, levels, seconds: float, side=None) -> dict:
+    """side: {name: callable returning pids} of helper servers whose CPU is reported too."""
     results = {}
     for name, path, body, keyed, streaming in lanes:
         for c in levels:
             load(base + path, BODIES[body], key if keyed else "", c, min(1.0, seconds), streaming)   # warm-up
-            r = measured(pid, lambda: load(base + path, BODIES[body], key if keyed else "", c, seconds, streaming))
+            pids = {k: fn() for k, fn in (side or {}).items()}
+            r = measured(pid, lambda: load(base + path, BODIES[body], key if keyed else "", c, seconds, streaming),
+                         pids)
             if streaming:     # for streams, latency means time to first byte
                 r.update(rps=r["requests"] / seconds, p50_us=r["ttfb_p50_ms"] * 1000, p99_us=None)
             results[(name, c)] = r
@@ -158,11 +183,13 @@ def run_lanes(base: str, pid: int, key: str, lanes, levels, seconds: float) -> d
 
 
 def soak(base: str, pid: int, key: str, total: int) -> tuple[float, float, int]:
+    """RSS of the serving processes (summed over workers) before and after `total` calls."""
     load(base + "/api/v1/chat/completions", BODIES["chat"], key, 50, 3, False)      # warm-up
-    before, done = rss_mb(pid), 0
+    pids = server_pids(pid)
+    before, done = sum(map(rss_mb, pids)), 0
     while done < total:
         done += load(base + "/api/v1/chat/completions", BODIES["chat"], key, 50, 10, False)["requests"]
-    return before, rss_mb(pid), done
+    return before, sum(map(rss_mb, pids)), done
 
 
 def start_gateway(work: Path, cfg: Path, core: str, *extra: str) -> tuple[subprocess.Popen, str, str]:
@@ -176,39 +203,44 @@ def start_gateway(work: Path, cfg: Path, core: str, *extra: str) -> tuple[subpro
     return proc, f"http://127.0.0.1:{port}", key
 
 
-def scale_out(stores: list[str], up: int, levels, seconds: float) -> dict[str, dict]:
-    """Lanes 1 and 2 on each scale-out store: {store: results}."""
+def scale_out(stores: list[str], up: int, levels, seconds: float, soak_total: int) -> tuple[dict, dict]:
+    """Lanes 1 and 2 on each scale-out store: ({store: results}, {store: soak})."""
     sys.path.insert(0, str(ROOT))
     from tests.servers import PostgresServer, RedisServer, postgres_bindir
     out: dict[str, dict] = {}
+    soaks: dict[str, tuple] = {}
     for store in stores:
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-        servers, extra, core, storage, redis = [], [], SERVER_CORE, None, None
+        servers, extra, core, storage, redis, side = [], [], SERVER_CORE, None, None, {}
         parts = store.split("+")                     # e.g. postgresql+redis, sqlite+redis, sqlite-workers2
         if "postgresql" in parts:
             pg = PostgresServer(postgres_bindir()).start()
             servers.append(pg)
             storage = pg.url()
             pin(_pg_pid(pg))                         # the databases share the load generator's core
+            side["postgresql"] = lambda pg=pg: process_tree(_pg_pid(pg))
         if "redis" in parts:
             rs = RedisServer(work)
             servers.append(rs)
             redis = rs.url
             pin(rs.proc.pid)
+            side["redis"] = lambda rs=rs: [rs.proc.pid]
         if store.endswith("-workers2"):
             extra, core = ["--workers", "2"], f"{SERVER_CORE},{LOAD_CORE}"
         print(f"gateway on {store}", file=sys.stderr)
         proc = None
         try:
             proc, base, key = start_gateway(work, gateway_config(work, up, storage=storage, redis=redis), core, *extra)
-            out[store] = run_lanes(base, proc.pid, key, LANES[:2], levels, seconds)
+            out[store] = run_lanes(base, proc.pid, key, LANES[:2], levels, seconds, side)
+            if soak_total:
+                soaks[store] = soak(base, proc.pid, key, soak_total)
         finally:
             if proc is not None:
                 proc.terminate()
                 proc.wait(60)
             for server in servers:
                 server.stop()
-    return out
+    return out, soaks
 
 
 def pin(pid: int) -> None:
@@ -220,18 +252,65 @@ def _pg_pid(pg) -> int:
     return int((pg.data / "postmaster.pid").read_text().split()[0])
 
 
-def store_table(null: dict, sqlite: dict, more: dict[str, dict], levels) -> str:
-    """CPU per request of each store against the same run's null proxy (lanes 1 and 2)."""
-    out = ["| store | lane | c | req/s | ÷ null | CPU ms/req | ÷ null | p50 ms (streams: first byte) |",
-           "|---|---|---|---|---|---|---|---|"]
+def store_table(null: dict, sqlite: dict, more: dict[str, dict], levels, soaks: dict) -> str:
+    """CPU per request of each store against the same run's null proxy (lanes 1 and 2), with the
+    database's and Redis's own CPU per request beside the gateway's."""
+    out = ["| store | lane | c | req/s | ÷ null | gateway CPU ms/req | ÷ null | PostgreSQL CPU ms/req | "
+           "Redis CPU ms/req | p50 ms (streams: first byte) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    side = lambda g, k: f"{g[k]:.3f}" if k in g else "-"
     for store, results in [("sqlite", sqlite), *more.items()]:
         for name, *_ in LANES[:2]:
             for c in levels:
                 g, n = results.get((name, c)), null.get((name, c))
                 if g and n:
                     out.append(f"| {store} | {name} | {c} | {g['rps']:.0f} | {g['rps'] / n['rps']:.2f} | "
-                               f"{g['cpu_ms']:.3f} | {g['cpu_ms'] / n['cpu_ms']:.2f} | {g['p50_us'] / 1000:.2f} |")
+                               f"{g['cpu_ms']:.3f} | {g['cpu_ms'] / n['cpu_ms']:.2f} | {side(g, 'postgresql_cpu_ms')} | "
+                               f"{side(g, 'redis_cpu_ms')} | {g['p50_us'] / 1000:.2f} |")
+    for store, (before, after, done) in soaks.items():
+        out.append("")
+        out.append(f"RSS on {store} over {done:,} requests: {before:.1f} MB -> {after:.1f} MB "
+                   f"({(after - before) / before:+.1%})")
     return "\n".join(out)
+
+
+def targets(null: dict, gw: dict, quiet: dict, more: dict, soaked, soaks: dict, levels) -> str:
+    """The performance issue's targets, each as a ratio to the same run's null proxy."""
+    top, one = max(levels), min(levels)
+    l1, l2, l3, l4 = (lane[0] for lane in LANES[:4])
+    lines = ["Targets (ratios to the null proxy in this run):"]
+
+    def check(label: str, value: float | None, limit: float, higher_is_better: bool = False, unit: str = "x"):
+        if value is None:
+            lines.append(f"- {label}: not measured")
+            return
+        ok = value >= limit if higher_is_better else value <= limit
+        sign = ">=" if higher_is_better else "<="
+        lines.append(f"- {label}: {value:.2f}{unit} (target {sign} {limit}{unit}) {'MET' if ok else 'NOT MET'}")
+
+    ratio = lambda res, lane, key, c=top: (res[(lane, c)][key] / null[(lane, c)][key]
+                                         if (lane, c) in res and (lane, c) in null else None)
+    check(f"SQLite lane 1 CPU per call, c={top}", ratio(gw, l1, "cpu_ms"), 1.5)
+    check(f"SQLite lane 1 throughput, c={top}", ratio(gw, l1, "rps"), 0.65, higher_is_better=True)
+    if (l1, one) in gw and (l1, one) in null:
+        check(f"SQLite lane 1 added p50, c={one}", (gw[(l1, one)]["p50_us"] - null[(l1, one)]["p50_us"]) / 1000, 0.3,
+              unit=" ms")
+    pg = more.get("postgresql+redis", {})
+    check(f"PostgreSQL + Redis lane 1 gateway CPU per call, c={top}", ratio(pg, l1, "cpu_ms"), 2.0)
+    check(f"Streams CPU per stream, c={top}", ratio(gw, l2, "cpu_ms"), 1.3)
+    if (l2, one) in gw and (l2, one) in null:
+        check(f"Streams added time to first byte, c={one}",
+              (gw[(l2, one)]["p50_us"] - null[(l2, one)]["p50_us"]) / 1000, 0.5, unit=" ms")
+    for lane, same in ((l3, l1), (l4, l2)):
+        if (lane, top) in gw and (same, top) in gw:
+            check(f"{lane} CPU vs {same}, c={top}", gw[(lane, top)]["cpu_ms"] / gw[(same, top)]["cpu_ms"], 1.2)
+    if (l1, top) in quiet and (l1, top) in gw:
+        on, off = gw[(l1, top)]["cpu_ms"], quiet[(l1, top)]["cpu_ms"]
+        check(f"Per-call log line share of a call's CPU, c={top}", 100 * (on - off) / on, 5, unit="%")
+    for store, (before, after, done) in [("sqlite", soaked), *soaks.items()]:
+        if done:
+            check(f"RSS growth on {store} over {done:,} calls", 100 * (after - before) / before, 5, unit="%")
+    return "\n".join(lines)
 
 
 def table(null: dict, gw: dict, levels, soaked) -> str:
@@ -267,9 +346,9 @@ def main() -> int:
     p.add_argument("--levels", default="1,50,200", help="concurrency levels")
     p.add_argument("--soak", type=int, default=100_000, help="requests for the memory soak (0 to skip)")
     p.add_argument("--lanes", default="1,2,3,4,5", help="which lanes to run")
-    p.add_argument("--stores", default="postgresql+redis,sqlite-workers2",
+    p.add_argument("--stores", default="postgresql+redis,postgresql+redis-workers2,sqlite-workers2",
                    help="scale-out stores for lanes 1 and 2 ('' to skip): postgresql+redis, sqlite-workers2, "
-                        "sqlite+redis, postgresql")
+                        "postgresql+redis-workers2, sqlite+redis, postgresql")
     args = p.parse_args()
     if not shutil.which("wrk") or not shutil.which("taskset"):
         print("bench: needs wrk and taskset (Debian: apt-get install wrk util-linux)", file=sys.stderr)
@@ -305,14 +384,23 @@ def main() -> int:
                      {**BODIES["chat_stream"], "model": "bench/slow"}, key, 1, 3, True)
         soaked = soak(gw_base, gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
         gw_proc.terminate()
-        more = scale_out([x for x in args.stores.split(",") if x], up, levels, args.seconds)
+        gw_proc.wait(60)
+
+        print("gateway, --log-level warning (no per-call line)", file=sys.stderr)
+        quiet_proc, quiet_base, quiet_key = start_gateway(work, cfg, SERVER_CORE, "--log-level", "warning")
+        procs.append(quiet_proc)
+        quiet = run_lanes(quiet_base, quiet_proc.pid, quiet_key, LANES[:1], levels[-1:], args.seconds)
+        quiet_proc.terminate()
+        more, soaks = scale_out([x for x in args.stores.split(",") if x], up, levels, args.seconds, args.soak)
     finally:
         for proc in procs:
             proc.terminate()
     print(table(null, gw, levels, soaked))
     if more:
         print()
-        print(store_table(null, gw, more, levels))
+        print(store_table(null, gw, more, levels, soaks))
+    print()
+    print(targets(null, gw, quiet, more, soaked, soaks, levels))
     print(f"Chunk relay: upstream sends a chunk every {GAP_SECONDS * 1000:.0f} ms; the client saw a median gap of "
           f"{relay['gap_p50_ms']:.1f} ms between reads (buffering would show ~0 ms gaps and a late first byte: "
           f"first byte at {relay['ttfb_p50_ms']:.1f} ms, whole stream at {relay['total_p50_ms']:.1f} ms)")

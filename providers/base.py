@@ -135,6 +135,11 @@ class RemoteProvider(Provider):
         self.limits = UpstreamLimits.from_settings(config.settings)   # the checked block, as written
         self.scrub = scrubber(self.name, config.settings)
 
+    def error_status(self, status: int, body: Any) -> int:
+        """What an upstream's error status means; an upstream that answers a bad key with a
+        400 (Google does) says 401 here, so the operator is blamed, not the client."""
+        return status
+
     def upstream_error(self, status: int, detail: str, retry_after: str | None) -> "UpstreamError":
         """An upstream HTTP error as the client sees it, the upstream's words scrubbed of
         secrets (the full text goes to the operator's log)."""
@@ -220,11 +225,11 @@ class HTTPProvider(RemoteProvider):
 
     def _error(self, resp: aiohttp.ClientResponse, raw: bytes) -> UpstreamError:
         try:
-            detail = self.error_message(orjson.loads(raw))
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            detail = None
-        detail = detail or raw[:200].decode("utf-8", "replace").strip() or resp.reason or "no detail"
-        return self.upstream_error(resp.status, detail, resp.headers.get("Retry-After"))
+            body = None
+        detail = self.error_message(body) or raw[:200].decode("utf-8", "replace").strip() or resp.reason or "no detail"
+        return self.upstream_error(self.error_status(resp.status, body), detail, resp.headers.get("Retry-After"))
 
 
 class _Request:

@@ -1,8 +1,10 @@
-"""Google Gemini API: generateContent, and streamGenerateContent with `alt=sse`.
+"""Google Gemini API: generateContent, and streamGenerateContent with `alt=sse`; images
+and Veo videos in providers/gemini_media.py.
 
 Settings: base_url (default https://generativelanguage.googleapis.com), api_key,
-timeout_seconds. Roles are user/model only; the system prompt is `systemInstruction`;
-tool results are `functionResponse` parts that name the function and carry an object.
+timeout_seconds, poll_seconds (Veo renders). Roles are user/model only; the system
+prompt is `systemInstruction`; tool results are `functionResponse` parts that name the
+function and carry an object.
 
 Gemini 3 refuses a conversation whose function calls lost their `thoughtSignature`.
 Chat completions has no field for it, so the signature rides inside the tool-call id
@@ -15,7 +17,8 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from .base import HTTPProvider, UpstreamError, loads_event
+from .base import HTTPProvider, HTTPSettings, UpstreamError, loads_event
+from .media_base import QueueProvider, QueueSettings
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message, ReasoningDelta,
     ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall, ToolCallDelta, ToolCallStart,
@@ -24,7 +27,8 @@ from .types import (
 
 FINISH = {"STOP": END, "MAX_TOKENS": MAX_TOKENS, "SAFETY": CONTENT_FILTER, "RECITATION": CONTENT_FILTER,
           "BLOCKLIST": CONTENT_FILTER, "PROHIBITED_CONTENT": CONTENT_FILTER, "SPII": CONTENT_FILTER,
-          "IMAGE_SAFETY": CONTENT_FILTER, "LANGUAGE": CONTENT_FILTER, "UNEXPECTED_TOOL_CALL": TOOL_USE,
+          "IMAGE_SAFETY": CONTENT_FILTER, "IMAGE_PROHIBITED_CONTENT": CONTENT_FILTER,
+          "IMAGE_RECITATION": CONTENT_FILTER, "LANGUAGE": CONTENT_FILTER, "UNEXPECTED_TOOL_CALL": TOOL_USE,
           "OTHER": END}
 FAILED_FINISH = {"MALFORMED_FUNCTION_CALL", "MISSING_THOUGHT_SIGNATURE", "TOO_MANY_TOOL_CALLS"}
 MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY", "tool": "ANY"}
@@ -111,13 +115,38 @@ def usage_from_gemini(u: dict[str, Any] | None) -> Usage | None:
                  cache_read_tokens=int(u.get("cachedContentTokenCount") or 0), reasoning_tokens=thoughts)
 
 
-class GeminiProvider(HTTPProvider):
+class GeminiSettings(HTTPSettings, QueueSettings):
+    pass
+
+
+class GeminiProvider(HTTPProvider, QueueProvider):
+    """Chat here; images and videos through the media provider's transport (the key only
+    on the API's origin, polling), translated in providers/gemini_media.py."""
     type_name = "gemini"
     wire_format = "gemini"
     default_base_url = "https://generativelanguage.googleapis.com"
+    Settings = GeminiSettings
+    wants_reference_files = True      # reference images and start frames go inline, as bytes
 
     def headers(self) -> dict[str, str]:
         return {"x-goog-api-key": self.api_key}
+
+    auth = headers
+
+    def error_status(self, status: int, body: Any) -> int:
+        """Google answers a bad API key with 400 INVALID_ARGUMENT, reason API_KEY_INVALID."""
+        error = body.get("error") if isinstance(body, dict) else None
+        details = error.get("details") if isinstance(error, dict) else None
+        invalid_key = any(isinstance(d, dict) and d.get("reason") == "API_KEY_INVALID" for d in details or [])
+        return 401 if status == 400 and invalid_key else status
+
+    async def generate_images(self, job, model):
+        from .gemini_media import generate_images
+        return await generate_images(self, job, model)
+
+    async def render_video(self, job, model):
+        from .gemini_media import render_video
+        return await render_video(self, job, model)
 
     def url(self, req: ChatRequest, upstream: str) -> str:
         action = "streamGenerateContent?alt=sse" if req.stream else "generateContent"

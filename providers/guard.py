@@ -61,14 +61,16 @@ class UpstreamLimits:
         return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect)
 
 
-async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body, read with the idle deadline between reads and the size cap."""
+async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse, max_bytes: int | None = None) -> bytes:
+    """The whole body, read with the idle deadline between reads and the size cap (the
+    provider's `max_response_mb`, or `max_bytes` for a file such as a rendered video)."""
     from .base import UpstreamError
 
     limits = provider.limits
+    cap = max_bytes or limits.max_response_bytes
     declared = resp.content_length
-    if declared is not None and declared > limits.max_response_bytes:
-        raise _too_large(provider, limits)
+    if declared is not None and declared > cap:
+        raise _too_large(provider, cap)
     chunks, size = [], 0
     try:
         while True:
@@ -77,17 +79,17 @@ async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse) 
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)
-            if size > limits.max_response_bytes:
-                raise _too_large(provider, limits)
+            if size > cap:
+                raise _too_large(provider, cap)
             chunks.append(chunk)
     except asyncio.TimeoutError:
         raise UpstreamError(502, f"{provider.name} stopped answering mid-response",
                             code="upstream_timeout") from None
 
 
-def _too_large(provider, limits: UpstreamLimits):
+def _too_large(provider, cap: int):
     from .base import UpstreamError
-    return UpstreamError(502, f"{provider.name} answered with more than {limits.max_response_bytes / MB:g} MB; "
+    return UpstreamError(502, f"{provider.name} answered with more than {cap / MB:g} MB; "
                               "the answer was dropped and nothing was charged", code="upstream_too_large")
 
 

@@ -29,6 +29,7 @@ class VideoJob:
     resolution: str | None = None
     aspect_ratio: str | None = None
     audio: bool | None = None
+    image_file: tuple[bytes, str] | None = None    # the start frame, for upstreams that want it inline
 
 
 @dataclass(slots=True)

@@ -140,6 +140,10 @@ MEDIA = {
                                "urls": {"get": "x", "cancel": "y"}}, lambda body: [body]),
     "openai": (lambda url: {"created": 1, "data": [{"b64_json": base64.b64encode(png_bytes()).decode()}]},
                lambda body: [body]),
+    "gemini": (lambda url: {"candidates": [{"content": {"role": "model", "parts": [
+                   {"text": "Here it is."}, {"inlineData": {"mimeType": "image/png",
+                                                            "data": base64.b64encode(png_bytes()).decode()}}]},
+                   "finishReason": "STOP", "index": 0}], "modelVersion": "m"}, lambda body: [body]),
 }
 
 

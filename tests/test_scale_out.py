@@ -45,6 +45,7 @@ async def status_of(call) -> int:
         return err.status_code
 
 
+@pytest.mark.timeout(180)      # 1,000 calls through four processes: slow on a busy machine, not wrong
 async def test_credit_for_exactly_100_reserves_admits_exactly_100_of_1000_calls(cluster):
     c = await cluster()
     key, account = await c.key(100 * FLAT_MICRO)

@@ -28,7 +28,7 @@ from plugins.formats.base import ClientFormat, json_response, openai_error_body
 from plugins.netguard import check_url, check_url_resolved
 from plugins.pipeline import run_call, succeeded
 from providers.guard import answer_shape, check_files
-from providers.media_base import origin
+from providers.media_base import MAX_RESULT_BYTES, origin
 from providers.media_types import ImageJob, MediaFile, VideoJob
 
 from . import requests as parse
@@ -174,13 +174,17 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
     wait = settings.reference_timeout_seconds
     for field, url in _client_urls(job, ctx.media_fields):   # the provider fetches these: same rule
         await check_url_resolved(url, field, allow_private=allow)
+    inline = getattr(provider, "wants_reference_files", False)    # the upstream takes bytes, not URLs
     if isinstance(job, ImageJob):
-        if job.references and getattr(provider, "wants_reference_files", False):
+        if job.references and inline:
             job.reference_files = [await fetch(app[MEDIA].fetcher, url, "input_images", max_bytes=cap, timeout=wait,
                                                allow_private=allow) for url in job.references]
         with answer_shape(provider), tracked(ctx):
             files = check_files(await provider.generate_images(job, model))
     else:
+        if job.image_url and inline:
+            job.image_file = await fetch(app[MEDIA].fetcher, job.image_url, "image_url", max_bytes=cap, timeout=wait,
+                                         allow_private=allow)
         if job.video_url:
             clip, _ = await fetch(app[MEDIA].fetcher, job.video_url, "video_url", max_bytes=10 * cap, timeout=wait,
                                   allow_private=allow)
@@ -202,7 +206,7 @@ async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any
     app, endpoint = ctx.request.app, ctx.format
     data, content_type = file.data, file.content_type
     if data is None:
-        limit = (500 if endpoint.kind == "video" else 50) * MB
+        limit = MAX_RESULT_BYTES[endpoint.kind]
         # A link on the provider's own configured origin (a self-hosted server on the operator's
         # network, say) is fetched as that provider is reached; other links follow the address rules.
         own = origin(file.url) == origin(getattr(ctx.route.provider, "base_url", ""))

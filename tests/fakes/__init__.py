@@ -9,13 +9,14 @@ Start one with pytest-aiohttp, point the gateway at it, script its answers:
     ...
     assert fake.requests[0].rejected is None      # the real API would have accepted it
 
-Media fakes (FakeFal, FakeReplicate, FakeOpenAIImages) take `MediaReply` scripts
+Media fakes (FakeFal, FakeReplicate, FakeOpenAIImages, FakeGeminiMedia) take `MediaReply` scripts
 and serve their result files themselves, at URLs on the same server.
 """
 
 from .anthropic_messages import FakeAnthropic
 from .fal import FakeFal
 from .gemini import FakeGemini
+from .gemini_media import FakeGeminiMedia
 from .media_script import MediaReply
 from .openai_chat import FakeOpenAIChat
 from .openai_images import FakeOpenAIImages
@@ -27,6 +28,7 @@ __all__ = [
     "FakeAnthropic",
     "FakeFal",
     "FakeGemini",
+    "FakeGeminiMedia",
     "FakeOpenAIChat",
     "FakeOpenAIImages",
     "FakeOpenAIResponses",

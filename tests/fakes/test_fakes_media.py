@@ -1,5 +1,6 @@
-"""Self-test of the media fakes: fal's queue and Replicate's predictions driven over raw
-HTTP as their REST docs describe, OpenAI Images driven by the official SDK.
+"""Self-test of the media fakes: fal's queue, Replicate's predictions and the Gemini API's
+image and Veo generation driven over raw HTTP as their REST docs describe, OpenAI Images
+driven by the official SDK.
 
 The flows below are the ones a gateway must follow (submit, poll the returned URLs,
 fetch the result, download the files), so gateway tests built on these fakes mean
@@ -15,13 +16,15 @@ import aiohttp
 import openai
 import pytest
 
-from . import FakeFal, FakeOpenAIImages, FakeReplicate, MediaReply
-from .media_script import PNG_MAGIC, png_bytes
+from . import FakeFal, FakeGeminiMedia, FakeOpenAIImages, FakeReplicate, MediaReply
+from .gemini_media import CLIP
+from .media_script import PNG_MAGIC, png_base64, png_bytes
 
 pytestmark = pytest.mark.asyncio
 
 FAL_AUTH = {"Authorization": "Key fal-test-key"}
 R8_AUTH = {"Authorization": "Bearer r8_test"}
+GOOG_AUTH = {"x-goog-api-key": "gemini-test-key"}
 
 
 @pytest.fixture
@@ -34,6 +37,13 @@ async def fal(aiohttp_server):
 @pytest.fixture
 async def replicate(aiohttp_server):
     fake = FakeReplicate()
+    fake.server = await aiohttp_server(fake.app)
+    return fake
+
+
+@pytest.fixture
+async def gemini(aiohttp_server):
+    fake = FakeGeminiMedia()
     fake.server = await aiohttp_server(fake.app)
     return fake
 
@@ -340,3 +350,71 @@ async def test_openai_hang_times_out(images):
     fake.enqueue(MediaReply(hang=True))
     with pytest.raises(openai.APITimeoutError):
         await client.images.generate(model="gpt-image-1", prompt="x", timeout=0.3)
+
+
+# ---------------------------------------------------------------- Gemini API (images, Veo)
+
+IMAGE_BODY = {"contents": [{"role": "user", "parts": [{"text": "a fox"}]}],
+              "generationConfig": {"responseModalities": ["IMAGE"], "imageConfig": {"aspectRatio": "16:9"}}}
+VEO_BODY = {"instances": [{"prompt": "a falcon dives"}], "parameters": {"durationSeconds": 8, "resolution": "720p"}}
+
+
+async def test_gemini_image_answers_an_inline_png(gemini):
+    url = gemini.server.make_url("/v1beta/models/gemini-3-pro-image:generateContent")
+    status, data, _ = await call("POST", url, GOOG_AUTH, json=IMAGE_BODY)
+    assert status == 200, data
+    parts = data["candidates"][0]["content"]["parts"]
+    assert parts == [{"inlineData": {"mimeType": "image/png", "data": png_base64()}}]
+    edit = {**IMAGE_BODY, "contents": [{"role": "user", "parts": [
+        {"text": "bluer"}, {"inlineData": {"mimeType": "image/png", "data": png_base64()}}]}]}
+    assert (await call("POST", url, GOOG_AUTH, json=edit))[0] == 200
+
+
+@pytest.mark.parametrize("headers,status", [({}, 403), ({"x-goog-api-key": "wrong"}, 400),
+                                            ({"Authorization": "Bearer gemini-test-key"}, 403)])
+async def test_gemini_media_needs_its_key_header(gemini, headers, status):
+    url = gemini.server.make_url("/v1beta/models/veo-3.1-fast-generate-001:predictLongRunning")
+    got, data, _ = await call("POST", url, headers, json=VEO_BODY)
+    assert got == status and data["error"]["code"] == status and not gemini.jobs
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"generationConfig": {"imageConfig": {"aspect_ratio": "16:9"}}}, 'Unknown name "aspect_ratio"'),
+    ({"generationConfig": {"imageConfig": {"imageSize": "1k"}}}, "image size '1k' is not supported"),
+    ({"generationConfig": {"responseModalities": ["image"]}}, "response_modalities[0]"),
+    ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/gif", "data": png_base64()}}]}]},
+     "Unsupported MIME type: image/gif"),
+])
+async def test_gemini_image_requests_are_checked(gemini, change, words):
+    url = gemini.server.make_url("/v1beta/models/gemini-3.1-flash-image:generateContent")
+    status, data, _ = await call("POST", url, GOOG_AUTH, json={**IMAGE_BODY, **change})
+    assert status == 400 and words in data["error"]["message"], data
+
+
+@pytest.mark.parametrize("parameters,words", [
+    ({"durationSeconds": 5}, "Unsupported video duration 5"),
+    ({"durationSeconds": "8"}, "Unsupported video duration '8'"),
+    ({"generateAudio": True}, "`generateAudio` isn't supported by the Gemini API"),
+    ({"duration_seconds": 8}, 'Unknown name "duration_seconds"'),
+    ({"resolution": "4k"}, "Unsupported resolution '4k'"),
+])
+async def test_gemini_veo_parameters_are_checked(gemini, parameters, words):
+    url = gemini.server.make_url("/v1beta/models/veo-3.1-lite-generate-001:predictLongRunning")
+    status, data, _ = await call("POST", url, GOOG_AUTH, json={**VEO_BODY, "parameters": parameters})
+    assert status == 400 and words in data["error"]["message"], data
+
+
+async def test_gemini_veo_operation_then_download_with_the_key(gemini):
+    gemini.enqueue(MediaReply(video=True, polls_before_done=2))
+    url = gemini.server.make_url("/v1beta/models/veo-3.1-fast-generate-001:predictLongRunning")
+    _, started, _ = await call("POST", url, GOOG_AUTH, json=VEO_BODY)
+    name = started["name"]
+    assert name.startswith("models/veo-3.1-fast-generate-001/operations/") and set(started) == {"name"}
+    seen = [(await call("GET", gemini.server.make_url(f"/v1beta/{name}"), GOOG_AUTH))[1] for _ in range(3)]
+    assert seen[:2] == [{"name": name}] * 2 and seen[2]["done"] is True
+    uri = seen[2]["response"]["generateVideoResponse"]["generatedSamples"][0]["video"]["uri"]
+    assert (await call("GET", uri))[0] == 403                               # the download needs the key
+    status, data, headers = await call("GET", uri, GOOG_AUTH)
+    assert status == 200 and data == CLIP and headers["Content-Type"] == "video/mp4"
+    status, _, _ = await call("POST", gemini.server.make_url(f"/v1beta/{name}:cancel"), GOOG_AUTH)
+    assert status == 404                                                    # no cancel on the Gemini API
