@@ -151,6 +151,14 @@ class Payments(Protocol):
         """Take over an unfinished payment whose lease expired; False if another process
         took it first (or it was finished meanwhile)."""
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        """As `Ledger.note_job`, for a call paid per request (it has no hold): recorded on
+        the payment whose `ref` is the call id."""
+
+    async def orphaned_jobs(self, at: float | None = None) -> list[tuple[str, str]]:
+        """(call id, job) of renders whose process died: their payment was finished by
+        another process, or its lease expired."""
+
 
 class Storage(Protocol):
     engine: str                 # "sqlite" | "postgresql"

@@ -443,6 +443,15 @@ class SQLitePayments:
                        "AND status IN ('claimed', 'settling') AND lease_until < ?",
             (self._owner, at + self._lease, claim_key, at)) == 1
 
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._db.transaction(_rowcount, "UPDATE x402_payments SET upstream_job = ? WHERE ref = ?", (job, call_id))
+
+    async def orphaned_jobs(self, at: float | None = None) -> list[tuple[str, str]]:
+        at = int(time.time() if at is None else at)
+        return [tuple(r) for r in await self._db.run(
+            _all, "SELECT ref, upstream_job FROM x402_payments WHERE upstream_job IS NOT NULL "
+                  "AND (status NOT IN ('claimed', 'settling') OR lease_until < ?)", (at,))]
+
 
 class SQLiteStorage:
     engine = "sqlite"
