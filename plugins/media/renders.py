@@ -6,7 +6,9 @@ request (`Hold.jobs`). The record is cleared when the render ends. If the proces
 its hold is released when the lease expires (plugins/storage/leases.py), its payment is
 finished unsettled (plugins/x402/recovery.py), but the job would keep running, and
 costing, upstream: every process looks for such leftovers in both at start and then every
-third of a lease, cancels each job once and clears its record.
+third of a lease, cancels each job once and clears its record. The record is cleared
+first, by one conditional update: of several processes that find the same job, exactly
+one cancels it (a process dying between the two leaves that job running: at most once).
 """
 from __future__ import annotations
 
@@ -45,12 +47,13 @@ async def cancel_orphans(app) -> int:
     done = 0
     for book in (storage.ledger, storage.payments):
         for call_id, raw in await book.orphaned_jobs():
+            if not await book.take_job(call_id, raw):        # another process is cancelling it
+                continue
             job = orjson.loads(raw)
             provider = providers.get(job.get("provider"))
             if provider is not None and hasattr(provider, "cancel_job"):
                 await provider.cancel_job(job["method"], job["url"])
                 log.warning("orphaned_render_cancelled", call=call_id, provider=job["provider"])
-            await book.note_job(call_id, None)
             done += 1
     return done
 

@@ -227,6 +227,10 @@ class PostgresLedger:
                                       "AND status <> 'open'")
         return [(r["call_id"], r["upstream_job"]) for r in rows]
 
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return _changed(await self._pool.execute(
+            "UPDATE holds SET upstream_job = NULL WHERE call_id = $1 AND upstream_job = $2", call_id, job)) == 1
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 
@@ -368,6 +372,10 @@ class PostgresPayments:
         rows = await self._pool.fetch("SELECT ref, upstream_job FROM x402_payments WHERE upstream_job IS NOT NULL "
                                       "AND (status NOT IN ('claimed', 'settling') OR lease_until < $1)", at)
         return [(r["ref"], r["upstream_job"]) for r in rows]
+
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return _changed(await self._pool.execute(
+            "UPDATE x402_payments SET upstream_job = NULL WHERE ref = $1 AND upstream_job = $2", call_id, job)) == 1
 
 
 class PostgresStorage:

@@ -288,6 +288,10 @@ class SQLiteLedger:
         return [tuple(r) for r in await self._db.run(
             _all, "SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL AND status <> 'open'")]
 
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return await self._db.transaction(_rowcount, "UPDATE holds SET upstream_job = NULL WHERE call_id = ? "
+                                                     "AND upstream_job = ?", (call_id, job)) == 1
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 
@@ -451,6 +455,10 @@ class SQLitePayments:
         return [tuple(r) for r in await self._db.run(
             _all, "SELECT ref, upstream_job FROM x402_payments WHERE upstream_job IS NOT NULL "
                   "AND (status NOT IN ('claimed', 'settling') OR lease_until < ?)", (at,))]
+
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return await self._db.transaction(_rowcount, "UPDATE x402_payments SET upstream_job = NULL WHERE ref = ? "
+                                                     "AND upstream_job = ?", (call_id, job)) == 1
 
 
 class SQLiteStorage:
