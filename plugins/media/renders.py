@@ -6,9 +6,9 @@ request (`Hold.jobs`). The record is cleared when the render ends. If the proces
 its hold is released when the lease expires (plugins/storage/leases.py), its payment is
 finished unsettled (plugins/x402/recovery.py), but the job would keep running, and
 costing, upstream: every process looks for such leftovers in both at start and then every
-third of a lease, cancels each job once and clears its record. The record is cleared
-first, by one conditional update: of several processes that find the same job, exactly
-one cancels it (a process dying between the two leaves that job running: at most once).
+third of a lease. Each is taken (its record cleared by one conditional update, so that of
+several processes finding it exactly one goes on) and then cancelled: at most once, as a
+process dying between the two leaves that job running.
 """
 from __future__ import annotations
 
