@@ -64,6 +64,10 @@ class Hold:
     output_cap: int            # max output tokens covered
     settled: bool = False
     data: dict[str, Any] = field(default_factory=dict)
+    # Where the call's upstream render is recorded while it runs (`note_job(call_id, job)`),
+    # so that it can be cancelled if the process dies. None means the hold row (the ledger);
+    # a call paid per request has no hold row and names the payments store.
+    jobs: Any = None
 
 
 # How a call ended, for settlement.

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from tests.conftest import DEMO_MODELS, MICRO, UPSTREAM_PRICES, openai_upstream
 from tests.fakes.script import Reply
+from tests.gateway_process import GatewayProcess
 
 OK_BODY = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
@@ -139,9 +140,11 @@ async def test_an_oversized_answer_is_dropped_with_a_502(hostile_gw, sse):
     await assert_uncharged(gw, account)
 
 
+ECHOING = "bad request; you sent Authorization: Bearer sk-test-upstream and X-Other: Bearer abcdefgh12345678"
+
+
 async def test_an_upstream_echoing_the_key_never_leaks_it(fake_openai, start_gateway):
-    fake_openai.enqueue(Reply(error_status=400, error_message=(
-        "bad request; you sent Authorization: Bearer sk-test-upstream and X-Other: Bearer abcdefgh12345678")))
+    fake_openai.enqueue(Reply(error_status=400, error_message=ECHOING))
     gw = await start_gateway(openai_upstream(fake_openai))
     key, account = await gw.key(1)
     with pytest.raises(openai.BadRequestError) as err:
@@ -150,3 +153,22 @@ async def test_an_upstream_echoing_the_key_never_leaks_it(fake_openai, start_gat
     assert "sk-test-upstream" not in text and "abcdefgh12345678" not in text
     assert "bad request; you sent Authorization: Bearer [redacted]" in text        # the rest is kept
     await assert_uncharged(gw, account)
+
+
+async def test_the_operator_log_keeps_the_upstream_error_text_but_not_the_key(fake_openai, tmp_path):
+    fake_openai.enqueue(Reply(error_status=400, error_message=ECHOING))
+    config = openai_upstream(fake_openai)
+    config["providers"]["demo"] = {"type": "demo"}
+    gw = GatewayProcess(tmp_path, {"storage": f"sqlite:///{tmp_path / 'gw.db'}", **config})
+    key = gw.cli("keys", "create", "--credits", "1").split()[-1]
+    await gw.start()
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/api/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="up/gpt", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        gw.stop()
+    log = gw.log.read_text()
+    (line,) = [line for line in log.splitlines() if "upstream_error_text" in line]
+    assert "X-Other: Bearer abcdefgh12345678" in line and '"status":400' in line     # the full text, to debug with
+    assert "sk-test-upstream" not in log                                            # never the provider's key

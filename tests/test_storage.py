@@ -222,6 +222,43 @@ async def test_a_dead_process_payment_is_adopted_by_exactly_one_other(url, stora
         ("settled", "1200", 1_200)
 
 
+async def test_a_paid_render_is_orphaned_only_once_its_payment_outlived_its_process(storage):
+    for n in (1, 2):
+        assert await storage.payments.claim(PaymentClaim(f"k{n}", "base", "usdc", "0xpayer", "5000", 5_000,
+                                                         f"call-{n}", settle_with="{}", deadline=2_000_000_000))
+        await storage.payments.note_job(f"call-{n}", f'{{"job": {n}}}')
+    assert await storage.payments.orphaned_jobs() == []               # their owner is alive and rendering
+    later = time.time() + storage.lease_seconds + 5
+    assert sorted(await storage.payments.orphaned_jobs(at=later)) == [("call-1", '{"job": 1}'),
+                                                                      ("call-2", '{"job": 2}')]
+    await storage.payments.record("k1", "unused", reason="crashed_before_priced")   # finished unsettled
+    assert await storage.payments.orphaned_jobs() == [("call-1", '{"job": 1}')]
+    await storage.payments.note_job("call-1", None)                   # cancelled: no longer an orphan
+    await storage.payments.note_job("call-2", None)                   # the render ended
+    assert await storage.payments.orphaned_jobs(at=later) == []
+
+
+async def test_an_orphaned_render_is_taken_by_exactly_one_of_the_processes_that_find_it(url, storage):
+    a = await account(storage, 100)
+    await storage.ledger.reserve(HoldRequest("keyed", a, 10))
+    await storage.ledger.note_job("keyed", '{"job": "k"}')
+    await storage.ledger.release("keyed")
+    await storage.payments.claim(PaymentClaim("k1", "base", "usdc", "0xpayer", "5000", 5_000, "paid",
+                                              settle_with="{}", deadline=2_000_000_000))
+    await storage.payments.note_job("paid", '{"job": "p"}')
+    await storage.payments.record("k1", "unused", reason="crashed_before_priced")
+    others = [await open_storage(url, [], instance_id=f"other-{i}") for i in range(3)]
+    try:
+        for book, call_id, job in [("ledger", "keyed", '{"job": "k"}'), ("payments", "paid", '{"job": "p"}')]:
+            assert await getattr(others[0], book).orphaned_jobs() == [(call_id, job)]
+            taken = await asyncio.gather(*[getattr(o, book).take_job(call_id, job) for o in others])
+            assert sorted(taken) == [False, False, True]              # exactly one cancels it
+            assert await getattr(storage, book).orphaned_jobs() == []
+    finally:
+        for o in others:
+            await o.close()
+
+
 # ---- migrations -------------------------------------------------------------------------
 
 async def test_plugin_migrations_run_once_per_engine(url):

@@ -1,10 +1,14 @@
 """Renders in flight across a crash.
 
-While a keyed media call waits on an upstream render, its hold records how to cancel that
-job (provider, method, URL); the record is cleared when the render ends. If the process
-dies, its hold is released when the lease expires (plugins/storage/leases.py) but the job
-would keep running, and costing, upstream: every process looks for such leftovers at start
-and then every third of a lease, cancels each job once and clears its record.
+While a media call waits on an upstream render, its record says how to cancel that job
+(provider, method, URL): the hold of a keyed call, the x402 payment of a call paid per
+request (`Hold.jobs`). The record is cleared when the render ends. If the process dies,
+its hold is released when the lease expires (plugins/storage/leases.py), its payment is
+finished unsettled (plugins/x402/recovery.py), but the job would keep running, and
+costing, upstream: every process looks for such leftovers in both at start and then every
+third of a lease. Each is taken (its record cleared by one conditional update, so that of
+several processes finding it exactly one goes on) and then cancelled: at most once, as a
+process dying between the two leaves that job running.
 """
 from __future__ import annotations
 
@@ -22,11 +26,12 @@ log = structlog.get_logger("media")
 
 @contextlib.contextmanager
 def tracked(ctx):
-    """Around a provider's render: its upstream job is recorded with the call's hold."""
-    ledger = ctx.request.app[STORE].ledger
+    """Around a provider's render: its upstream job is recorded with the call's hold (or
+    its payment)."""
+    book = (ctx.hold and ctx.hold.jobs) or ctx.request.app[STORE].ledger
 
     async def track(job: dict | None) -> None:
-        await ledger.note_job(ctx.call_id, orjson.dumps(job).decode() if job else None)
+        await book.note_job(ctx.call_id, orjson.dumps(job).decode() if job else None)
 
     token = RENDER_TRACKER.set(track)
     try:
@@ -36,17 +41,20 @@ def tracked(ctx):
 
 
 async def cancel_orphans(app) -> int:
-    """Cancel the upstream jobs of calls whose process died; -> how many."""
+    """Cancel the upstream jobs of calls whose process died (keyed or paid per request);
+    -> how many."""
     storage, providers = app[STORE], app[PROVIDERS]
     done = 0
-    for call_id, raw in await storage.ledger.orphaned_jobs():
-        job = orjson.loads(raw)
-        provider = providers.get(job.get("provider"))
-        if provider is not None and hasattr(provider, "cancel_job"):
-            await provider.cancel_job(job["method"], job["url"])
-            log.warning("orphaned_render_cancelled", call=call_id, provider=job["provider"])
-        await storage.ledger.note_job(call_id, None)
-        done += 1
+    for book in (storage.ledger, storage.payments):
+        for call_id, raw in await book.orphaned_jobs():
+            if not await book.take_job(call_id, raw):        # another process is cancelling it
+                continue
+            job = orjson.loads(raw)
+            provider = providers.get(job.get("provider"))
+            if provider is not None and hasattr(provider, "cancel_job"):
+                await provider.cancel_job(job["method"], job["url"])
+                log.warning("orphaned_render_cancelled", call=call_id, provider=job["provider"])
+            done += 1
     return done
 
 

@@ -89,6 +89,10 @@ class Ledger(Protocol):
     async def orphaned_jobs(self) -> list[tuple[str, str]]:
         """(call id, job) of renders whose hold is no longer open: their process died."""
 
+    async def take_job(self, call_id: str, job: str) -> bool:
+        """Clear an orphaned render's record if it still says `job`: True for exactly one
+        of the processes that found it (the one that cancels it)."""
+
 
 class Keys(Protocol):
     async def create_account(self, name: str | None, key_hash: str, prefix: str, credits_micro: int = 0) -> int:
@@ -150,6 +154,17 @@ class Payments(Protocol):
     async def adopt(self, claim_key: str, at: float | None = None) -> bool:
         """Take over an unfinished payment whose lease expired; False if another process
         took it first (or it was finished meanwhile)."""
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        """As `Ledger.note_job`, for a call paid per request (it has no hold): recorded on
+        the payment whose `ref` is the call id."""
+
+    async def orphaned_jobs(self, at: float | None = None) -> list[tuple[str, str]]:
+        """(call id, job) of renders whose process died: their payment was finished by
+        another process, or its lease expired."""
+
+    async def take_job(self, call_id: str, job: str) -> bool:
+        """As `Ledger.take_job`, on the payment whose `ref` is the call id."""
 
 
 class Storage(Protocol):

@@ -284,6 +284,10 @@ class PostgresLedger:
                                       "AND status <> 'open'")
         return [(r["call_id"], r["upstream_job"]) for r in rows]
 
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return _changed(await self._pool.execute(
+            "UPDATE holds SET upstream_job = NULL WHERE call_id = $1 AND upstream_job = $2", call_id, job)) == 1
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 
@@ -416,6 +420,19 @@ class PostgresPayments:
             "UPDATE x402_payments SET owner = $1, lease_until = $2 WHERE claim_key = $3 "
             "AND status IN ('claimed', 'settling') AND lease_until < $4", self._owner, at + self._lease, claim_key,
             at)) == 1
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._pool.execute("UPDATE x402_payments SET upstream_job = $1 WHERE ref = $2", job, call_id)
+
+    async def orphaned_jobs(self, at: float | None = None) -> list[tuple[str, str]]:
+        at = int(time.time() if at is None else at)
+        rows = await self._pool.fetch("SELECT ref, upstream_job FROM x402_payments WHERE upstream_job IS NOT NULL "
+                                      "AND (status NOT IN ('claimed', 'settling') OR lease_until < $1)", at)
+        return [(r["ref"], r["upstream_job"]) for r in rows]
+
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return _changed(await self._pool.execute(
+            "UPDATE x402_payments SET upstream_job = NULL WHERE ref = $1 AND upstream_job = $2", call_id, job)) == 1
 
 
 class PostgresStorage:

@@ -288,6 +288,10 @@ class SQLiteLedger:
         return [tuple(r) for r in await self._db.run(
             _all, "SELECT call_id, upstream_job FROM holds WHERE upstream_job IS NOT NULL AND status <> 'open'")]
 
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return await self._db.transaction(_rowcount, "UPDATE holds SET upstream_job = NULL WHERE call_id = ? "
+                                                     "AND upstream_job = ?", (call_id, job)) == 1
+
 
 # ---- keys, usage, agents, allowance, payments -------------------------------------
 
@@ -442,6 +446,19 @@ class SQLitePayments:
             _rowcount, "UPDATE x402_payments SET owner = ?, lease_until = ? WHERE claim_key = ? "
                        "AND status IN ('claimed', 'settling') AND lease_until < ?",
             (self._owner, at + self._lease, claim_key, at)) == 1
+
+    async def note_job(self, call_id: str, job: str | None) -> None:
+        await self._db.transaction(_rowcount, "UPDATE x402_payments SET upstream_job = ? WHERE ref = ?", (job, call_id))
+
+    async def orphaned_jobs(self, at: float | None = None) -> list[tuple[str, str]]:
+        at = int(time.time() if at is None else at)
+        return [tuple(r) for r in await self._db.run(
+            _all, "SELECT ref, upstream_job FROM x402_payments WHERE upstream_job IS NOT NULL "
+                  "AND (status NOT IN ('claimed', 'settling') OR lease_until < ?)", (at,))]
+
+    async def take_job(self, call_id: str, job: str) -> bool:
+        return await self._db.transaction(_rowcount, "UPDATE x402_payments SET upstream_job = NULL WHERE ref = ? "
+                                                     "AND upstream_job = ?", (call_id, job)) == 1
 
 
 class SQLiteStorage:

@@ -101,7 +101,7 @@ async def gateway_reserve(ctx: CallContext):
     accepted = await paywall.accept(ctx.request.headers, amount, discounts=True, resource=resource,
                                     ref=ctx.call_id, store=app[STORE], http=app[HTTP], metered=True)
     return Hold(kind="x402", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
-                data={"accepted": accepted, "paywall": paywall})
+                data={"accepted": accepted, "paywall": paywall}, jobs=app[STORE].payments)
 
 
 @hookimpl

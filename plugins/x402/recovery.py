@@ -9,7 +9,9 @@ authorization is still valid. Adopting is one conditional update, so exactly one
 finishes each payment. A credit purchase (its order recorded with the claim) that was
 being settled is settled again: success, or the facilitator saying this authorization
 was already used (our settle went through before the crash), credits the order in the
-transaction that marks the payment settled, once.
+transaction that marks the payment settled, once. A render the call was waiting on is
+recorded on its payment row and cancelled upstream by the same sweep that cancels the
+renders of keyed calls (plugins/media/renders.py).
 """
 from __future__ import annotations
 
