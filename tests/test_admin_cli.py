@@ -46,7 +46,9 @@ async def test_keys_accounts_and_usage_from_the_cli(cfg, tmp_path):
     port = free_port()
     proc = await start(cfg, port, tmp_path)
     try:
-        async with aiohttp.ClientSession() as s:
+        # a connection each: the CLI steps in between can outlast the server's keep-alive, and a
+        # POST on a connection the server is closing fails in any client
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             async with s.post(f"http://127.0.0.1:{port}/api/v1/chat/completions",
                               json={"model": "demo/echo", "messages": [{"role": "user", "content": "hi"}]},
                               headers={"Authorization": f"Bearer {second}"}) as r:
@@ -89,7 +91,9 @@ async def test_admin_keys_create_turns_the_admin_api_on(cfg, tmp_path):
     port = free_port()
     proc = await start(cfg, port, tmp_path)
     try:
-        async with aiohttp.ClientSession() as s:
+        # a connection each: the CLI steps in between can outlast the server's keep-alive, and a
+        # POST on a connection the server is closing fails in any client
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             url = f"http://127.0.0.1:{port}/api/v1/admin/accounts"
             async with s.get(url, headers={"Authorization": "Bearer adm_x"}) as r:
                 assert r.status == 404                       # no admin credential configured yet
