@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
 NGRAMS = (2, 3, 4)
-QUESTION_CAP = 240                # characters of question that give n-grams (head and tail)
+QUESTION_CAP = 160                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
+SCAN_CAP = 400                    # characters of question that the markers and counts read
+CODE_SCAN_CAP = 4000              # characters of the last turn searched for signs of code
 
 # Markers of what a request asks for, in the eight languages of the labelled set, matched
 # as plain substrings of the lowercased question with punctuation turned into spaces (a
@@ -76,6 +78,7 @@ _SPACE = re.compile(r"\s+")
 _WORDS = re.compile(r"\w{2,}")
 _MATH = re.compile(r"[∑∫√π≤≥∞±×÷∀∃∈⊂ℝℕℤℚ²³⁴ⁿ₀₁₂χζφΔδε^]|\\(?:frac|sum|int|sqrt|mathbb)|\b[a-z]\s*[=<>]\s*\d")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+_CLAUSE_MARKS = (",", ";", "，", "、", "；", " and ", " und ", " et ", " y ")
 _CODE_MARKS = ("```", ";\n", "{\n", "}\n", "def ", "return ", "=>", "#include", "SELECT ", "func ", "fn ")
 
 
@@ -128,6 +131,11 @@ def _normalise(text: str) -> str:
     return f" {text} "
 
 
+def _ends(text: str, cap: int) -> str:
+    """The head and tail of a long text, `cap` characters in all: what the counts look at."""
+    return text if len(text) <= cap else text[:cap * 3 // 4] + "\n" + text[-(cap // 4):]
+
+
 def _log(n: float) -> float:
     return math.log1p(n) / 4.0
 
@@ -136,27 +144,27 @@ def features(inp: RoutingInput) -> tuple[list[int], float, list[float]]:
     """-> (hashed n-gram slots, the weight of each, dense feature values in DENSE order)."""
     question, context = split_question(inp.last)
     norm = _normalise(question)
-    crc = zlib.crc32
-    slots = [crc(norm[i:i + n].encode()) % BUCKETS for n in NGRAMS for i in range(len(norm) - n + 1)]
+    crc, mask = zlib.crc32, BUCKETS - 1
+    slots = [crc(norm[i:i + n].encode()) & mask for n in NGRAMS for i in range(len(norm) - n + 1)]
     words = _WORDS.findall(norm)
-    slots += [crc(b"w:" + w.encode()) % BUCKETS for w in words]
-    slots += [crc(b"b:" + a.encode() + b" " + b.encode()) % BUCKETS for a, b in zip(words, words[1:])]
+    slots += [crc(b"w:" + w.encode()) & mask for w in words]
+    slots += [crc(b"b:" + a.encode() + b" " + b.encode()) & mask for a, b in zip(words, words[1:])]
     history = inp.history[-HISTORY_CAP:].lower()
-    slots += [crc(b"h:" + w.encode()) % BUCKETS for w in _WORDS.findall(history)]
+    slots += [crc(b"h:" + w.encode()) & mask for w in _WORDS.findall(history)]
     weight = 1.0 / math.sqrt(len(slots)) if slots else 0.0
-    last = inp.last
-    cjk = len(_CJK.findall(question))
-    q_len = len(question) + 2 * cjk                      # a CJK character says about as much as three
-    code = sum(last.count(mark) for mark in _CODE_MARKS)
-    clauses = sum(question.count(mark) for mark in (",", ";", "，", "、", "；", " and ", " und ", " et ", " y "))
+    scan = _ends(question, SCAN_CAP)
+    cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))
+    q_len = len(question) * (1 + 2 * cjk_share)          # a CJK character says about as much as three
+    code = sum(map(_ends(inp.last, CODE_SCAN_CAP).count, _CODE_MARKS))
+    clauses = sum(map(scan.count, _CLAUSE_MARKS))
+    numbers = len(_DIGITS.findall(scan))
     dense = [1.0, _log(q_len), _log(context), 1.0 if context else 0.0, _log(code),
-             _log(len(_MATH.findall(question))), _log(len(_DIGITS.findall(question))), _log(clauses),
+             _log(len(_MATH.findall(scan))), _log(numbers), _log(clauses),
              _log(question.count("\n")), _log(question.count("?") + question.count("？")),
              _log(inp.tools), 1.0 if inp.tool_results else 0.0, 1.0 if inp.history else 0.0,
-             _log(len(inp.history)), cjk / max(1, len(question))]
-    plain = " " + " ".join(_PUNCT.sub(" ", question.lower()).split()) + " "
+             _log(len(inp.history)), cjk_share]
+    plain = " " + " ".join(_PUNCT.sub(" ", scan.lower()).split()) + " "
     dense += [1.0 if any(mark in plain for mark in marks) else 0.0 for marks in LEXICON.values()]
-    numbers = len(_DIGITS.findall(question))
     dense += [float(q_len < cut) for cut in (30, 80, 160, 300, 600)]
     dense += [float(numbers >= 3), float(numbers >= 6), float(clauses >= 3), float(clauses >= 6)]
     return slots, weight, dense
