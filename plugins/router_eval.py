@@ -6,7 +6,8 @@ nothing was tuned on it); a file without splits is read whole. Cost model: each 
 input is its token estimate; its output is what a request of its TRUE tier typically needs
 (easy 150, medium 400, hard 800, frontier 1,500 tokens); prices are the configured tier
 models' prices. "Under-routed" counts requests sent below their label: the quality risk.
-`--readme FILE` rewrites the block between the router-eval markers in FILE with the tables.
+`--readme FILE` rewrites the block between the router-eval markers in FILE with the tables
+(all but the timing, which varies from run to run; bench/router_decision.py measures it).
 """
 from __future__ import annotations
 
@@ -65,8 +66,10 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-def report(result: dict, tiers: dict, label: str) -> str:
-    r, c, t = result, result["costs"], result["micros"]
+def tables(result: dict, tiers: dict, label: str, model) -> str:
+    """Everything but the timing: the same model, set and prices always give the same text,
+    so the README's copy can be checked against a fresh run."""
+    r, c = result, result["costs"]
     lines = [f"svc/smart local classifier on {label}: {r['n']} requests", "",
              "| exact | within one tier | under-routed | over-routed | routed up when unsure |", "|---|---|---|---|---|",
              f"| {_pct(r['exact'])} | {_pct(r['within_one'])} | {_pct(r['under'])} | {_pct(r['over'])} | "
@@ -80,10 +83,19 @@ def report(result: dict, tiers: dict, label: str) -> str:
     lines += ["", "| routing | cost (USD) | vs always frontier |", "|---|---|---|"]
     for name, text in (("frontier", "always frontier"), ("smart", "svc/smart (local)"), ("oracle", "perfect labels")):
         lines.append(f"| {text} | {c[name] / 1e6:.4f} | {c[name] / c['frontier']:.1%} |")
-    lines += ["", f"Decision time in this run (features and model, one request at a time): median "
-                  f"{t['median']:.0f} µs, p99 {t['p99']:.0f} µs.",
-              "Tiers priced: " + ", ".join(f"{tier} = {tiers[tier].id}" for tier in TIERS)]
+    v = model.meta["validation"]
+    lines += ["", "Tiers priced: " + ", ".join(f"{tier} = {tiers[tier].id}" for tier in TIERS),
+              f"Chosen on the validation split ({v['items']} requests, model fitted on train only): route up when the "
+              f"chance of a tier being too low is above {model.route_up}; there it scored {_pct(v['exact'])} exact, "
+              f"{_pct(v['within_one'])} within one tier, {_pct(v['under'])} under-routed "
+              f"({_pct(v['likeliest_exact'])} exact for the likeliest tier alone)."]
     return "\n".join(lines)
+
+
+def report(result: dict, tiers: dict, label: str, model) -> str:
+    t = result["micros"]
+    return (tables(result, tiers, label, model) + "\n\nDecision time in this run (features and model, one request "
+            f"at a time): median {t['median']:.0f} µs, p99 {t['p99']:.0f} µs.")
 
 
 def write_readme(path: Path, text: str) -> None:
@@ -113,10 +125,10 @@ def cmd_router_eval(args) -> int:
         print("gateway: no labelled requests to evaluate", file=sys.stderr)
         return 2
     tiers = {t: cfg.chat_models[m] for t, m in names.items()}
-    text = report(evaluate(items, tiers, model), tiers, label)
-    print(text)
+    result = evaluate(items, tiers, model)
+    print(report(result, tiers, label, model))
     if args.readme:
-        write_readme(Path(args.readme), text)
+        write_readme(Path(args.readme), tables(result, tiers, label, model))
     return 0
 
 
@@ -128,5 +140,5 @@ def gateway_register_commands(subparsers):
                    help="JSON lines {id, tier, messages, tools, split, lang, category} or {id, tier, prompt}")
     p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),
                    help="which split to read when the file has splits (default: test)")
-    p.add_argument("--readme", help="also write the tables into this file's router-eval block")
+    p.add_argument("--readme", help="also write the tables (not the timing) into this file's router-eval block")
     p.set_defaults(func=cmd_router_eval)

@@ -119,6 +119,9 @@ def split_question(text: str) -> tuple[str, int]:
     if not short:
         lines = [line for line in (text[:400].splitlines()[:1] + text[-400:].splitlines()[-1:]) if line.strip()]
         short = [line[:300] for line in lines]
+    asking = [block for block in short if "?" in block or "？" in block]
+    if len(asking) == 1:                 # of a title and a question, the question
+        short = asking
     question = "\n".join(dict.fromkeys(short))
     return question, max(0, len(text) - len(question))
 
