@@ -63,15 +63,23 @@ def test_calibrated_probabilities():
     assert abs(sum(probs) - 1) < 1e-9 and max(probs) == probs[0]
 
 
-async def test_long_paste_with_a_trivial_question_goes_to_the_easy_tier(start_gateway, fake_openai):
+async def test_a_long_paste_does_not_raise_the_tier_of_a_trivial_question(start_gateway, fake_openai):
     cfg = unreachable_classifier(fake_openai)
     gw = await start_gateway(cfg)
     key, _ = await gw.key(1)
     client = gw.openai(key)
-    r = await client.chat.completions.create(model="svc/smart", messages=[
-        {"role": "user", "content": LOG + "\n\nWhat status code did the first request get?"}])
-    billing = r.model_extra["billing"]
-    assert (billing["requested_model"], billing["classifier"], billing["difficulty"]) == ("svc/smart", "local", "easy")
+    question = "What status code did the first request get?"
+    billings = []
+    for text in (question, LOG + "\n\n" + question, question + "\n\n" + LOG):
+        r = await client.chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": text}])
+        billings.append(r.model_extra["billing"])
+    alone, *pasted = billings
+    tiers = ("easy", "medium", "hard", "frontier")
+    for billing in pasted:
+        assert (billing["requested_model"], billing["classifier"]) == ("svc/smart", "local")
+        assert tiers.index(billing["difficulty"]) <= tiers.index(alone["difficulty"])
+        # easy, or easy was the likeliest and it went up only because it was unsure
+        assert billing["difficulty"] == "easy" or "routed up from easy" in billing["note"]
     r = await client.chat.completions.create(model="svc/smart", messages=[
         {"role": "user", "content": "Montre que π est transcendant."}])
     assert r.model_extra["billing"]["difficulty"] in ("hard", "frontier")
