@@ -36,7 +36,7 @@ def _rate(rows: list[tuple[int, int]]) -> dict:
 
 
 def evaluate(items: list[dict], tiers: dict, model) -> dict:
-    rows, times, routed_up = [], [], 0
+    rows, likeliest, times, routed_up = [], [], [], 0
     by = {"lang": defaultdict(list), "category": defaultdict(list), "group": defaultdict(list)}
     costs = {"smart": 0, "frontier": 0, "oracle": 0}
     for item in items:
@@ -47,6 +47,7 @@ def evaluate(items: list[dict], tiers: dict, model) -> dict:
         truth, guess = TIERS.index(item["tier"]), TIERS.index(decision.tier)
         routed_up += decision.routed_up
         rows.append((truth, guess))
+        likeliest.append((truth, TIERS.index(decision.likeliest)))
         for key in ("lang", "category"):
             by[key][item.get(key, "?")].append((truth, guess))
         for group in item.get("groups", []):
@@ -56,7 +57,7 @@ def evaluate(items: list[dict], tiers: dict, model) -> dict:
             costs[name] += token_cost(tiers[tier], estimate_tokens(chars), OUTPUT_TOKENS[item["tier"]])
     confusion = [[sum(1 for t, g in rows if t == i and g == j) for j in range(len(TIERS))] for i in range(len(TIERS))]
     times.sort()
-    return {**_rate(rows), "confusion": confusion, "routed_up": routed_up, "costs": costs,
+    return {**_rate(rows), "confusion": confusion, "routed_up": routed_up, "costs": costs, "likeliest": _rate(likeliest),
             "by": {k: {name: _rate(r) for name, r in sorted(v.items())} for k, v in by.items()},
             "micros": {"median": statistics.median(times), "p99": times[int(0.99 * (len(times) - 1))],
                        "max": times[-1]}}
@@ -74,6 +75,8 @@ def tables(result: dict, tiers: dict, label: str, model) -> str:
              "| exact | within one tier | under-routed | over-routed | routed up when unsure |", "|---|---|---|---|---|",
              f"| {_pct(r['exact'])} | {_pct(r['within_one'])} | {_pct(r['under'])} | {_pct(r['over'])} | "
              f"{r['routed_up']} |", "",
+             f"Without routing up (the likeliest tier alone): {_pct(r['likeliest']['exact'])} exact, "
+             f"{_pct(r['likeliest']['within_one'])} within one tier, {_pct(r['likeliest']['under'])} under-routed.", "",
              "| label \\ routed to | " + " | ".join(TIERS) + " |", "|---" * 5 + "|"]
     lines += [f"| {tier} | " + " | ".join(map(str, row)) + " |" for tier, row in zip(TIERS, r["confusion"])]
     for key, title in (("lang", "language"), ("category", "category"), ("group", "hard group")):

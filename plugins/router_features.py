@@ -19,7 +19,7 @@ NGRAMS = (2, 3, 4)
 QUESTION_CAP = 160                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
-SCAN_CAP = 400                    # characters of question that the markers and counts read
+SCAN_CAP = 300                    # characters of question that the markers and counts read
 CODE_SCAN_CAP = 4000              # characters of the last turn searched for signs of code
 
 # Markers of what a request asks for, in the eight languages of the labelled set, matched
@@ -127,11 +127,11 @@ def split_question(text: str) -> tuple[str, int]:
 
 
 def _normalise(text: str) -> str:
-    text = _SPACE.sub(" ", _DIGITS.sub("0", text.lower()))
+    """Lowercased, digits as 0, runs of space as one; the head and tail of a long question."""
     if len(text) > QUESTION_CAP:
         head = QUESTION_CAP * 3 // 5
         text = text[:head] + " … " + text[-(QUESTION_CAP - head):]
-    return f" {text} "
+    return f" {_SPACE.sub(' ', _DIGITS.sub('0', text.lower()))} "
 
 
 def _ends(text: str, cap: int) -> str:
@@ -143,18 +143,31 @@ def _log(n: float) -> float:
     return math.log1p(n) / 4.0
 
 
+def slot(key: str) -> int:
+    """Where a key's weight lives among the hashed slots (training fits those slots)."""
+    return zlib.crc32(key.encode()) & (BUCKETS - 1)
+
+
 def features(inp: RoutingInput) -> tuple[list[int], float, list[float]]:
-    """-> (hashed n-gram slots, the weight of each, dense feature values in DENSE order)."""
+    """-> (hashed slots of the keys, the weight of each, dense feature values): what training reads."""
+    keys, weight, dense = keyed_features(inp)
+    return list(map(slot, keys)), weight, dense
+
+
+def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:
+    """-> (the request's keys: character n-grams of the question, its words and word pairs,
+    words of earlier turns; the weight of each; dense feature values in DENSE order).
+
+    The gateway looks the keys up in the model's table of known keys (a dict lookup is
+    cheaper than hashing each one); training hashes them into slots."""
     question, context = split_question(inp.last)
     norm = _normalise(question)
-    crc, mask = zlib.crc32, BUCKETS - 1
-    slots = [crc(norm[i:i + n].encode()) & mask for n in NGRAMS for i in range(len(norm) - n + 1)]
+    keys = [norm[i:i + n] for n in NGRAMS for i in range(len(norm) - n + 1)]
     words = _WORDS.findall(norm)
-    slots += [crc(b"w:" + w.encode()) & mask for w in words]
-    slots += [crc(b"b:" + a.encode() + b" " + b.encode()) & mask for a, b in zip(words, words[1:])]
-    history = inp.history[-HISTORY_CAP:].lower()
-    slots += [crc(b"h:" + w.encode()) & mask for w in _WORDS.findall(history)]
-    weight = 1.0 / math.sqrt(len(slots)) if slots else 0.0
+    keys += ["\x01" + w for w in words]
+    keys += ["\x02" + a + " " + b for a, b in zip(words, words[1:])]
+    keys += ["\x03" + w for w in _WORDS.findall(inp.history[-HISTORY_CAP:].lower())]
+    weight = 1.0 / math.sqrt(len(keys)) if keys else 0.0
     scan = _ends(question, SCAN_CAP)
     cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))
     q_len = len(question) * (1 + 2 * cjk_share)          # a CJK character says about as much as three
@@ -170,4 +183,4 @@ def features(inp: RoutingInput) -> tuple[list[int], float, list[float]]:
     dense += [1.0 if any(mark in plain for mark in marks) else 0.0 for marks in LEXICON.values()]
     dense += [float(q_len < cut) for cut in (30, 80, 160, 300, 600)]
     dense += [float(numbers >= 3), float(numbers >= 6), float(clauses >= 3), float(clauses >= 6)]
-    return slots, weight, dense
+    return keys, weight, dense

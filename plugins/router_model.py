@@ -5,7 +5,10 @@ request and three cut points: the chance that a request needs more than tier k i
 sigmoid((score - cut[k]) / temperature). One weight per feature keeps a decision to a
 single pass over the request's hashed n-grams. The weights file is made by
 `gateway router-train` (which needs the `train` extra); reading it and deciding need only
-the standard library, so a gateway runs offline with nothing to download. The temperature
+the standard library, so a gateway runs offline with nothing to download. The file also
+lists the keys (n-grams, words) seen in training: at load each gets its slot's weight, and a
+decision looks keys up in that table instead of hashing them (a key never seen in training
+counts zero rather than whatever shares its slot). The temperature
 is fitted on the validation split, so the chances are calibrated. The decision routes up
 under uncertainty: it takes the lowest tier whose chance of being too low is at most
 `route_up` (chosen on the validation split).
@@ -18,9 +21,10 @@ import sys
 from array import array
 from dataclasses import dataclass
 from functools import cache
+from itertools import repeat
 from pathlib import Path
 
-from .router_features import DENSE, FEATURES, RoutingInput, features
+from .router_features import DENSE, FEATURES, RoutingInput, keyed_features, slot
 
 TIERS = ("easy", "medium", "hard", "frontier")
 WEIGHTS = Path(__file__).resolve().parent / "router_model.bin"
@@ -38,37 +42,44 @@ class Decision:
 
 
 class LocalClassifier:
-    def __init__(self, meta: dict, weights: array):
+    def __init__(self, meta: dict, weights: array, known: list[str]):
         if meta.get("dense") != list(DENSE) or len(weights) != FEATURES or len(meta.get("cuts", ())) != len(TIERS) - 1:
             raise ValueError("the router model does not match this version's features; retrain it")
         self.meta = meta
         self.cuts = [float(c) for c in meta["cuts"]]
         self.temperature = float(meta["temperature"])
         self.route_up = float(meta["route_up"])
-        self._weights = weights.tolist()                   # list lookups are the fastest in pure Python
-        self._dense = self._weights[FEATURES - len(DENSE):]
+        self._dense = weights[FEATURES - len(DENSE):].tolist()
+        self._known = {key: weights[slot(key)] for key in known}
 
-    # ---- file format: one JSON line, then float32 little-endian weights ---------------------
+    # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights ----
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "LocalClassifier":
-        head, _, body = path.read_bytes().partition(b"\n")
+        raw = path.read_bytes()
+        head, _, rest = raw.partition(b"\n")
+        meta = json.loads(head)
+        table = rest[:meta["known_bytes"]].decode()
         weights = array("f")
-        weights.frombytes(body)
+        weights.frombytes(rest[meta["known_bytes"]:])
         if sys.byteorder == "big":
             weights.byteswap()
-        return cls(json.loads(head), weights)
+        return cls(meta, weights, table.split("\n") if table else [])
 
     @staticmethod
-    def save(path: Path, meta: dict, weights: list[float]) -> None:
+    def save(path: Path, meta: dict, weights: list[float], known: list[str]) -> None:
+        if any("\n" in key for key in known):
+            raise ValueError("a key holds a line break")
+        table = "\n".join(sorted(set(known))).encode()
         flat = array("f", weights)
         if sys.byteorder == "big":
             flat.byteswap()
-        path.write_bytes(json.dumps({**meta, "dense": list(DENSE)}).encode() + b"\n" + flat.tobytes())
+        head = json.dumps({**meta, "dense": list(DENSE), "known_bytes": len(table)}).encode()
+        path.write_bytes(head + b"\n" + table + flat.tobytes())
 
     # ---- inference ------------------------------------------------------------------------
     def score(self, inp: RoutingInput) -> float:
-        slots, weight, dense = features(inp)
-        return weight * sum(map(self._weights.__getitem__, slots)) + sum(map(float.__mul__, self._dense, dense))
+        keys, weight, dense = keyed_features(inp)
+        return weight * sum(map(self._known.get, keys, repeat(0.0))) + sum(map(float.__mul__, self._dense, dense))
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
         return tier_probabilities(self.score(inp), self.cuts, self.temperature)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import hookimpl
-from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, features, from_messages
+from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, features, from_messages, keyed_features
 from .router_model import TIERS, WEIGHTS, LocalClassifier, pick, tier_probabilities
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
@@ -130,7 +130,8 @@ def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
                            "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
                            "route_up_curve": curve}}
     w, cuts = fit(np, Matrix(np, train_items + valid_items), l2, steps)
-    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist())
+    known = {key for item in train_items + valid_items for key in keyed_features(routing_input(item))[0]}
+    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), sorted(known))
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta
 

@@ -138,3 +138,48 @@ async def test_the_billing_note_says_when_it_routed_up(start_gateway, fake_opena
         {"role": "user", "content": "Summarise the plot of Hamlet in three sentences."}])
     billing = r.model_extra["billing"]
     assert billing["difficulty"] == "medium" and "(medium, by local; routed up from easy (unsure: p=" in billing["note"]
+
+
+def test_the_readme_tables_are_what_router_eval_writes(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    out = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "router-eval", "--config",
+                          str(ROOT / "docs/examples/smart-router.yaml"), "--readme", str(copy)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert copy.read_text() == readme, ("the README's svc/smart tables are stale: run gateway router-eval "
+                                        "--config docs/examples/smart-router.yaml --readme README.md")
+
+
+def test_every_disagreement_with_the_second_labelling_pass_is_settled():
+    """Where the set's label differs from the blind second pass, settled.jsonl must say it was
+    kept, and every settled label must be the one the set now carries."""
+    here = ROOT / "bench" / "router_set"
+    labels = {r["id"]: r["tier"] for r in map(json.loads, (ROOT / "bench/router_set.jsonl").read_text().splitlines())}
+    second = {r["id"]: r["tier"] for r in map(json.loads, (here / "second_pass.jsonl").read_text().splitlines())}
+    settled = {r["id"]: r for r in map(json.loads, (here / "settled.jsonl").read_text().splitlines())}
+    assert set(second) == set(labels)
+    for item_id, row in settled.items():
+        assert row["first"] != row["second"] and row["settled"] in (row["first"], row["second"]) and row["why"]
+        assert labels[item_id] == row["settled"] and second[item_id] == row["second"]
+    assert {i for i in labels if labels[i] != second[i]} <= set(settled)
+
+
+def test_the_gateway_table_gives_the_weights_training_fitted():
+    """A decision looks keys up in the model's table instead of hashing them; for requests of
+    the set (whose keys are all known) that must give exactly the trained score."""
+    from plugins.router_features import DENSE, FEATURES, features
+    from plugins.router_train import load_set, routing_input
+    model = shipped()
+    raw = (ROOT / "plugins" / "router_model.bin").read_bytes()
+    from array import array
+    head, _, rest = raw.partition(b"\n")
+    weights = array("f")
+    weights.frombytes(rest[json.loads(head)["known_bytes"]:])
+    items = load_set(ROOT / "bench/router_set.jsonl")
+    for item in [i for i in items if i["split"] != "test"][:200:7]:
+        slots, weight, dense = features(routing_input(item))
+        hashed = weight * sum(weights[s] for s in slots) + sum(
+            w * d for w, d in zip(weights[FEATURES - len(DENSE):], dense))
+        assert model.score(routing_input(item)) == pytest.approx(hashed, rel=1e-9, abs=1e-9)
