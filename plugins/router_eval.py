@@ -67,9 +67,9 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-def tables(result: dict, tiers: dict, label: str, model) -> str:
-    """Everything but the timing: the same model, set and prices always give the same text,
-    so the README's copy can be checked against a fresh run."""
+def tables(result: dict, tiers: dict, label: str) -> str:
+    """The split's figures without the timing: the same model, set and prices always give the
+    same text, so the README's copy can be checked against a fresh run."""
     r, c = result, result["costs"]
     lines = [f"svc/smart local classifier on {label}: {r['n']} requests", "",
              "| exact | within one tier | under-routed | over-routed | routed up when unsure |", "|---|---|---|---|---|",
@@ -86,19 +86,18 @@ def tables(result: dict, tiers: dict, label: str, model) -> str:
     lines += ["", "| routing | cost (USD) | vs always frontier |", "|---|---|---|"]
     for name, text in (("frontier", "always frontier"), ("smart", "svc/smart (local)"), ("oracle", "perfect labels")):
         lines.append(f"| {text} | {c[name] / 1e6:.4f} | {c[name] / c['frontier']:.1%} |")
-    v = model.meta["validation"]
-    lines += ["", "Tiers priced: " + ", ".join(f"{tier} = {tiers[tier].id}" for tier in TIERS),
-              f"Chosen on the validation split ({v['items']} requests, model fitted on train only): route up when the "
-              f"chance of a tier being too low is above {model.route_up}; there it scored {_pct(v['exact'])} exact, "
-              f"{_pct(v['within_one'])} within one tier, {_pct(v['under'])} under-routed "
-              f"({_pct(v['likeliest_exact'])} exact for the likeliest tier alone)."]
+    lines += ["", "Tiers priced: " + ", ".join(f"{tier} = {tiers[tier].id}" for tier in TIERS)]
     return "\n".join(lines)
 
 
 def report(result: dict, tiers: dict, label: str, model) -> str:
-    t = result["micros"]
-    return (tables(result, tiers, label, model) + "\n\nDecision time in this run (features and model, one request "
-            f"at a time): median {t['median']:.0f} µs, p99 {t['p99']:.0f} µs.")
+    t, v = result["micros"], model.meta["validation"]
+    return (tables(result, tiers, label) + "\n\nChosen on the validation split "
+            f"({v['items']} requests, model fitted on train only): route up when the chance of a tier being too low "
+            f"is above {model.route_up}; there it scored {_pct(v['exact'])} exact, {_pct(v['within_one'])} within one "
+            f"tier, {_pct(v['under'])} under-routed ({_pct(v['likeliest_exact'])} exact for the likeliest tier alone)."
+            f"\n\nDecision time in this run (features and model, one request at a time): median {t['median']:.0f} µs, "
+            f"p99 {t['p99']:.0f} µs.")
 
 
 def write_readme(path: Path, text: str) -> None:
@@ -131,7 +130,7 @@ def cmd_router_eval(args) -> int:
     result = evaluate(items, tiers, model)
     print(report(result, tiers, label, model))
     if args.readme:
-        write_readme(Path(args.readme), tables(result, tiers, label, model))
+        write_readme(Path(args.readme), tables(result, tiers, label))
     return 0
 
 
