@@ -93,8 +93,8 @@ def tables(result: dict, tiers: dict, label: str) -> str:
 def report(result: dict, tiers: dict, label: str, model) -> str:
     t, v = result["micros"], model.meta["validation"]
     return (tables(result, tiers, label) + "\n\nChosen on the validation split "
-            f"({v['items']} requests, model fitted on train only): route up when the chance of a tier being too low "
-            f"is above {model.route_up}; there it scored {_pct(v['exact'])} exact, {_pct(v['within_one'])} within one "
+            f"({v['items']} requests, model fitted on train only): route up when the chance of easy, medium, hard "
+            f"being too low is above {', '.join(map(str, model.route_up))}; there it scored {_pct(v['exact'])} exact, {_pct(v['within_one'])} within one "
             f"tier, {_pct(v['under'])} under-routed ({_pct(v['likeliest_exact'])} exact for the likeliest tier alone)."
             f"\n\nDecision time in this run (features and model, one request at a time): median {t['median']:.0f} µs, "
             f"p99 {t['p99']:.0f} µs.")

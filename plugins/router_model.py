@@ -11,7 +11,8 @@ decision looks keys up in that table instead of hashing them (a key never seen i
 counts zero rather than whatever shares its slot). The temperature
 is fitted on the validation split, so the chances are calibrated. The decision routes up
 under uncertainty: it takes the lowest tier whose chance of being too low is at most
-`route_up` (chosen on the validation split).
+`route_up` - one threshold per tier below frontier, chosen on the validation split, since
+sending a hard request to medium risks more than sending a medium one to easy.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class LocalClassifier:
         self.meta = meta
         self.cuts = [float(c) for c in meta["cuts"]]
         self.temperature = float(meta["temperature"])
-        self.route_up = float(meta["route_up"])
+        self.route_up = tuple(float(a) for a in meta["route_up"])
         self._dense = weights[FEATURES - len(DENSE):].tolist()
         self._known = {key: weights[slot(key)] for key in known}
 
@@ -100,12 +101,15 @@ def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-z)) if z > -60 else 0.0
 
 
-def pick(probs, route_up: float) -> int:
-    """The lowest tier whose chance of being below the request's need is at most `route_up`."""
+def pick(probs, route_up) -> int:
+    """The lowest tier such that, for it and every tier above it, the chance that the request
+    needs more is at most that tier's threshold. `route_up`: one threshold, or one per tier
+    below the top."""
+    limits = route_up if isinstance(route_up, (tuple, list)) else (route_up,) * (len(probs) - 1)
     above = 0.0
-    for i in range(len(probs) - 1, -1, -1):
-        above += probs[i]
-        if above > route_up:
+    for i in range(len(probs) - 1, 0, -1):
+        above += probs[i]                   # the chance of needing more than tier i - 1
+        if above > limits[i - 1]:
             return i
     return 0
 

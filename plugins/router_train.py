@@ -5,12 +5,14 @@ The model is ordinal (see router_model): one weight vector and three cut points,
 on the train split by full-batch Adam on the all-threshold logistic loss (for each cut,
 "does this request need more than tier k?"). On the validation split it then picks the
 regularisation, fits a temperature so the chances are calibrated, and picks the route-up
-threshold: the largest one that keeps under-routing at most `--max-under` on validation.
+thresholds (one per cut): the most exact that keep under-routing at most `--max-under` on
+validation.
 The shipped weights are refitted on train and validation together with those choices.
 The test split is never read here.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -92,16 +94,26 @@ def nll(np, probs, y) -> float:
     return float(-np.log(probs[np.arange(len(y)), y] + 1e-12).mean())
 
 
-def choose_route_up(np, probs, y, max_under: float) -> tuple[float, dict, list]:
-    """The largest threshold (fewest routed up) whose validation under-routing is within bound;
-    also every threshold's (exact, within one, under) on validation, to show the trade-off."""
+def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
+    """One threshold per cut: of the combinations whose validation under-routing is within
+    bound, the most exact (then the most within one tier). Also every single shared
+    threshold's (exact, within one, under) on validation, to show the trade-off."""
+    above = probs[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]          # chance of needing more than tier k
+    def rates(combo):
+        over = above > np.array(combo)[None]
+        guess = np.where(over.any(axis=1), over.shape[1] - over[:, ::-1].argmax(axis=1), 0)
+        return float((guess == y).mean()), float((abs(guess - y) <= 1).mean()), -float((guess < y).mean())
+
+    within = [(rates(combo), list(combo)) for combo in itertools.product(ROUTE_UP, repeat=above.shape[1])]
+    within = [(score, combo) for score, combo in within if -score[2] <= max_under]
+    cautious = [ROUTE_UP[-1]] * above.shape[1]        # if nothing is within bound
+    best, chosen = max(within, key=lambda row: row[0]) if within else (rates(cautious), cautious)
     curve = []
     for alpha in ROUTE_UP:
         guess = np.array([pick(p, alpha) for p in probs])
         curve.append((alpha, round(float((guess == y).mean()), 3), round(float((abs(guess - y) <= 1).mean()), 3),
                       round(float((guess < y).mean()), 3)))
-    alpha, exact, within, under = next((c for c in curve if c[3] <= max_under), curve[-1])
-    return alpha, {"exact": exact, "within_one": within, "under": under}, curve
+    return chosen, {"exact": round(best[0], 3), "within_one": round(best[1], 3), "under": round(-best[2], 3)}, curve
 
 
 def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
@@ -128,7 +140,7 @@ def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
             "trained_on": len(train_items) + len(valid_items),
             "validation": {"items": len(valid_items), **valid,
                            "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
-                           "route_up_curve": curve}}
+                           "shared_route_up_curve": curve}}
     w, cuts = fit(np, Matrix(np, train_items + valid_items), l2, steps)
     known = {key for item in train_items + valid_items for key in keyed_features(routing_input(item))[0]}
     LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), sorted(known))

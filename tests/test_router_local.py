@@ -45,6 +45,10 @@ def test_unsure_means_the_higher_tier():
     assert pick((0.5, 0.3, 0.15, 0.05), 0.25) == 1
     assert pick((0.9, 0.06, 0.03, 0.01), 0.25) == 0
     assert pick((0.05, 0.1, 0.25, 0.6), 0.25) == 3
+    # One threshold per tier: a 20% chance of needing more than medium is too much when
+    # medium's threshold is 10%, even though easy's (40%) would let a 50% chance through.
+    assert pick((0.5, 0.3, 0.15, 0.05), (0.6, 0.1, 0.1)) == 2
+    assert pick((0.5, 0.45, 0.04, 0.01), (0.6, 0.1, 0.1)) == 0
 
 
 def test_the_model_is_shipped_small_and_decides_without_numpy():
@@ -130,14 +134,21 @@ def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
 
 
 async def test_the_billing_note_says_when_it_routed_up(start_gateway, fake_openai):
-    # The shipped model's likeliest tier for this request is easy (p about 0.65); the chance
-    # that easy is too low is above the route-up threshold, so it goes to medium and says so.
+    # A request of the set whose likeliest tier is lower than the one the shipped model
+    # takes: the chance that the likeliest is too low is above its route-up threshold.
+    from plugins.router_train import load_set, routing_input
+    model = shipped()
+    item, decision = next((item, d) for item in load_set(ROOT / "bench/router_set.jsonl")
+                          if item["split"] == "train" and not item["tools"] and len(item["messages"]) == 1
+                          for d in [model.decide(routing_input(item))] if d.routed_up)
     gw = await start_gateway(unreachable_classifier(fake_openai))
     key, _ = await gw.key(1)
-    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[
-        {"role": "user", "content": "Summarise the plot of Hamlet in three sentences."}])
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=item["messages"])
     billing = r.model_extra["billing"]
-    assert billing["difficulty"] == "medium" and "(medium, by local; routed up from easy (unsure: p=" in billing["note"]
+    assert billing["difficulty"] == decision.tier != decision.likeliest
+    assert f"({decision.tier}, by local; routed up from {decision.likeliest} (unsure: p=" in billing["note"]
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": "hi!"}])
+    assert "routed up" not in r.model_extra["billing"]["note"]
 
 
 def test_the_readme_tables_are_what_router_eval_writes(tmp_path):
