@@ -5,7 +5,8 @@ and any long pasted text (an e-mail, a log, a file): the question gives hashed c
 n-grams, which carry across languages and scripts; the pasted text only counts by its size
 and shape, so a long paste with a trivial question stays easy. Structure (code, maths
 notation, how many numbers and clauses, tools, earlier turns) adds a few dense features.
-The same function serves training and the gateway, so they can never disagree.
+The same function (`keyed_features`) serves training and the gateway, so they can never
+disagree: training hashes its keys into slots, the gateway looks them up in the model's table.
 """
 from __future__ import annotations
 

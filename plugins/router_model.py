@@ -67,7 +67,7 @@ class LocalClassifier:
         return cls(meta, weights, table.split("\n") if table else [])
 
     @staticmethod
-    def save(path: Path, meta: dict, weights: list[float], known: list[str]) -> None:
+    def save(path: Path, meta: dict, weights: list[float], known) -> None:
         if any("\n" in key for key in known):
             raise ValueError("a key holds a line break")
         table = "\n".join(sorted(set(known))).encode()

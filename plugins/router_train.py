@@ -143,7 +143,7 @@ def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
                            "shared_route_up_curve": curve}}
     w, cuts = fit(np, Matrix(np, train_items + valid_items), l2, steps)
     known = {key for item in train_items + valid_items for key in keyed_features(routing_input(item))[0]}
-    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), sorted(known))
+    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), known)
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta
 
