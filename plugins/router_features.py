@@ -5,7 +5,8 @@ and any long pasted text (an e-mail, a log, a file): the question gives hashed c
 n-grams, which carry across languages and scripts; the pasted text only counts by its size
 and shape, so a long paste with a trivial question stays easy. Structure (code, maths
 notation, how many numbers and clauses, tools, earlier turns) adds a few dense features.
-The same function serves training and the gateway, so they can never disagree.
+The same function (`keyed_features`) serves training and the gateway, so they can never
+disagree: training hashes its keys into slots, the gateway looks them up in the model's table.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
 NGRAMS = (2, 3, 4)
-QUESTION_CAP = 240                # characters of question that give n-grams (head and tail)
+QUESTION_CAP = 160                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
+SCAN_CAP = 300                    # characters of question that the markers and counts read
+CODE_SCAN_CAP = 4000              # characters of the last turn searched for signs of code
 
 # Markers of what a request asks for, in the eight languages of the labelled set, matched
 # as plain substrings of the lowercased question with punctuation turned into spaces (a
@@ -76,6 +79,7 @@ _SPACE = re.compile(r"\s+")
 _WORDS = re.compile(r"\w{2,}")
 _MATH = re.compile(r"[∑∫√π≤≥∞±×÷∀∃∈⊂ℝℕℤℚ²³⁴ⁿ₀₁₂χζφΔδε^]|\\(?:frac|sum|int|sqrt|mathbb)|\b[a-z]\s*[=<>]\s*\d")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+_CLAUSE_MARKS = (",", ";", "，", "、", "；", " and ", " und ", " et ", " y ")
 _CODE_MARKS = ("```", ";\n", "{\n", "}\n", "def ", "return ", "=>", "#include", "SELECT ", "func ", "fn ")
 
 
@@ -116,47 +120,68 @@ def split_question(text: str) -> tuple[str, int]:
     if not short:
         lines = [line for line in (text[:400].splitlines()[:1] + text[-400:].splitlines()[-1:]) if line.strip()]
         short = [line[:300] for line in lines]
+    asking = [block for block in short if "?" in block or "？" in block]
+    if len(asking) == 1:                 # of a title and a question, the question
+        short = asking
     question = "\n".join(dict.fromkeys(short))
     return question, max(0, len(text) - len(question))
 
 
 def _normalise(text: str) -> str:
-    text = _SPACE.sub(" ", _DIGITS.sub("0", text.lower()))
+    """Lowercased, digits as 0, runs of space as one; the head and tail of a long question."""
     if len(text) > QUESTION_CAP:
         head = QUESTION_CAP * 3 // 5
         text = text[:head] + " … " + text[-(QUESTION_CAP - head):]
-    return f" {text} "
+    return f" {_SPACE.sub(' ', _DIGITS.sub('0', text.lower()))} "
+
+
+def _ends(text: str, cap: int) -> str:
+    """The head and tail of a long text, `cap` characters in all: what the counts look at."""
+    return text if len(text) <= cap else text[:cap * 3 // 4] + "\n" + text[-(cap // 4):]
 
 
 def _log(n: float) -> float:
     return math.log1p(n) / 4.0
 
 
+def slot(key: str) -> int:
+    """Where a key's weight lives among the hashed slots (training fits those slots)."""
+    return zlib.crc32(key.encode()) & (BUCKETS - 1)
+
+
 def features(inp: RoutingInput) -> tuple[list[int], float, list[float]]:
-    """-> (hashed n-gram slots, the weight of each, dense feature values in DENSE order)."""
+    """-> (hashed slots of the keys, the weight of each, dense feature values): what training reads."""
+    keys, weight, dense = keyed_features(inp)
+    return list(map(slot, keys)), weight, dense
+
+
+def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:
+    """-> (the request's keys: character n-grams of the question, its words and word pairs,
+    words of earlier turns; the weight of each; dense feature values in DENSE order).
+
+    The gateway looks the keys up in the model's table of known keys (a dict lookup is
+    cheaper than hashing each one); training hashes them into slots."""
     question, context = split_question(inp.last)
     norm = _normalise(question)
-    crc = zlib.crc32
-    slots = [crc(norm[i:i + n].encode()) % BUCKETS for n in NGRAMS for i in range(len(norm) - n + 1)]
+    keys = [norm[i:i + n] for n in NGRAMS for i in range(len(norm) - n + 1)]
     words = _WORDS.findall(norm)
-    slots += [crc(b"w:" + w.encode()) % BUCKETS for w in words]
-    slots += [crc(b"b:" + a.encode() + b" " + b.encode()) % BUCKETS for a, b in zip(words, words[1:])]
-    history = inp.history[-HISTORY_CAP:].lower()
-    slots += [crc(b"h:" + w.encode()) % BUCKETS for w in _WORDS.findall(history)]
-    weight = 1.0 / math.sqrt(len(slots)) if slots else 0.0
-    last = inp.last
-    cjk = len(_CJK.findall(question))
-    q_len = len(question) + 2 * cjk                      # a CJK character says about as much as three
-    code = sum(last.count(mark) for mark in _CODE_MARKS)
-    clauses = sum(question.count(mark) for mark in (",", ";", "，", "、", "；", " and ", " und ", " et ", " y "))
+    keys += ["\x01" + w for w in words]
+    keys += ["\x02" + a + " " + b for a, b in zip(words, words[1:])]
+    keys += ["\x03" + w for w in _WORDS.findall(inp.history[-HISTORY_CAP:].lower())]
+    weight = 1.0 / math.sqrt(len(keys)) if keys else 0.0
+    scan = _ends(question, SCAN_CAP)
+    cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))
+    q_len = len(question) * (1 + 2 * cjk_share)          # a CJK character says about as much as three
+    code = sum(map(_ends(inp.last, CODE_SCAN_CAP).count, _CODE_MARKS))
+    clauses = sum(map(scan.count, _CLAUSE_MARKS))
+    numbers = len(_DIGITS.findall(scan))
     dense = [1.0, _log(q_len), _log(context), 1.0 if context else 0.0, _log(code),
-             _log(len(_MATH.findall(question))), _log(len(_DIGITS.findall(question))), _log(clauses),
+             _log(len(_MATH.findall(scan))), _log(numbers), _log(clauses),
              _log(question.count("\n")), _log(question.count("?") + question.count("？")),
              _log(inp.tools), 1.0 if inp.tool_results else 0.0, 1.0 if inp.history else 0.0,
-             _log(len(inp.history)), cjk / max(1, len(question))]
-    plain = " " + " ".join(_PUNCT.sub(" ", question.lower()).split()) + " "
+             _log(len(inp.history)), cjk_share]
+    plain = " " + " ".join(_PUNCT.sub(" ", scan.lower()).split()) + " "
     dense += [1.0 if any(mark in plain for mark in marks) else 0.0 for marks in LEXICON.values()]
-    numbers = len(_DIGITS.findall(question))
     dense += [float(q_len < cut) for cut in (30, 80, 160, 300, 600)]
     dense += [float(numbers >= 3), float(numbers >= 6), float(clauses >= 3), float(clauses >= 6)]
-    return slots, weight, dense
+    return keys, weight, dense

@@ -1,29 +1,33 @@
 """`gateway router-train`: fit svc/smart's local classifier on the labelled set.
 
 Needs the `train` extra (numpy); the gateway itself never imports this module's numpy.
-It fits a multinomial logistic regression on the train split, then on the validation split
-picks the regularisation, fits a temperature so the probabilities are calibrated, and picks
-the route-up threshold: the largest one that keeps under-routing at most `--max-under` on
-validation. The shipped weights are then refitted on train and validation together with
-those choices. The test split is never read here. Higher tiers weigh more in the loss
-(CLASS_WEIGHT): sending a request too low costs quality, too high only money.
+The model is ordinal (see router_model): one weight vector and three cut points, fitted
+on the train split by full-batch Adam on the all-threshold logistic loss (for each cut,
+"does this request need more than tier k?"). On the validation split it then picks the
+regularisation, fits a temperature so the chances are calibrated, and picks the route-up
+thresholds (one per cut): the most exact that keep under-routing at most `--max-under` on
+validation.
+The shipped weights are refitted on train and validation together with those choices.
+The test split is never read here.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
 from . import hookimpl
-from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, features, from_messages
-from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
+from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, features, from_messages, keyed_features
+from .router_model import TIERS, WEIGHTS, LocalClassifier, pick, tier_probabilities
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
-REGULARISATION = (1e-4, 3e-4, 1e-3)     # on the n-gram weights; the dense ones get DENSE_SHARE of it
-DENSE_SHARE = 1 / 30
-CLASS_WEIGHT = (1.0, 1.2, 1.6, 2.0)
-ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.12, 0.1, 0.07, 0.05)
+REGULARISATION = (3e-5, 1e-4, 3e-4)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
+DENSE_SHARE = 0.3
+TEMPERATURES = tuple(t / 20 for t in range(6, 81))
+ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
+            0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03)
 
 
 def routing_input(item: dict) -> RoutingInput:
@@ -50,61 +54,69 @@ class Matrix:
             dense.append(d)
         self.n = len(items)
         self.rows, self.slots = np.array(rows, dtype=np.int64), np.array(slots, dtype=np.int64)
-        self.values, self.dense = np.array(values), np.array(dense)
-        self.y = np.array([TIERS.index(item["tier"]) for item in items])
+        self.values, self.dense = np.array(values), np.array(dense).reshape(self.n, len(DENSE))
+        self.y = np.array([TIERS.index(item["tier"]) for item in items], dtype=np.int64)
 
-    def logits(self, np, w):
-        sparse = np.stack([np.bincount(self.rows, weights=w[self.slots, c] * self.values, minlength=self.n)
-                           for c in range(len(TIERS))], axis=1)
-        return sparse + self.dense @ w[BUCKETS:]
+    def scores(self, np, w):
+        return np.bincount(self.rows, weights=w[self.slots] * self.values, minlength=self.n) + self.dense @ w[BUCKETS:]
 
 
-def softmax(np, z):
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def fit(np, m: Matrix, l2: float, steps: int = 500, rate: float = 0.05):
-    """Full-batch Adam on the weighted cross-entropy plus an L2 penalty (not on the bias)."""
-    w = np.zeros((FEATURES, len(TIERS)))
-    first, second = np.zeros_like(w), np.zeros_like(w)
-    onehot = np.eye(len(TIERS))[m.y]
-    penalty = np.full((FEATURES, 1), 1.0)
+def fit(np, m: Matrix, l2: float, steps: int = 400, rate: float = 0.05):
+    """-> (weights, ascending cuts). Full-batch Adam on the all-threshold logistic loss plus
+    an L2 penalty (not on the bias); classes weigh alike."""
+    w, cuts = np.zeros(FEATURES), np.arange(len(TIERS) - 1, dtype=float) - 1.0
+    penalty = np.full(FEATURES, 1.0)
     penalty[BUCKETS:] = DENSE_SHARE
     penalty[BUCKETS + DENSE.index("bias")] = 0.0
-    sample = np.array(CLASS_WEIGHT)[m.y]
-    sample /= sample.sum()
+    above = (m.y[:, None] > np.arange(len(TIERS) - 1)[None]).astype(float)
+    moments = [[np.zeros_like(w), np.zeros_like(w)], [np.zeros_like(cuts), np.zeros_like(cuts)]]
     for t in range(1, steps + 1):
-        g = (softmax(np, m.logits(np, w)) - onehot) * sample[:, None]
-        grad = np.zeros_like(w)
-        for c in range(len(TIERS)):
-            grad[:BUCKETS, c] = np.bincount(m.slots, weights=m.values * g[m.rows, c], minlength=BUCKETS)
-        grad[BUCKETS:] = m.dense.T @ g
-        grad += l2 * penalty * w
-        first = 0.9 * first + 0.1 * grad
-        second = 0.999 * second + 0.001 * grad * grad
-        w -= rate * (first / (1 - 0.9 ** t)) / (np.sqrt(second / (1 - 0.999 ** t)) + 1e-8)
-    return w
+        g = (1 / (1 + np.exp(cuts[None] - m.scores(np, w)[:, None])) - above) / m.n
+        per_row = g.sum(axis=1)
+        grad_w = np.empty(FEATURES)
+        grad_w[:BUCKETS] = np.bincount(m.slots, weights=m.values * per_row[m.rows], minlength=BUCKETS)
+        grad_w[BUCKETS:] = m.dense.T @ per_row
+        grad_w += l2 * penalty * w
+        for param, grad, (first, second) in ((w, grad_w, moments[0]), (cuts, -g.sum(axis=0), moments[1])):
+            first *= 0.9
+            first += 0.1 * grad
+            second *= 0.999
+            second += 0.001 * grad * grad
+            param -= rate * (first / (1 - 0.9 ** t)) / (np.sqrt(second / (1 - 0.999 ** t)) + 1e-8)
+    return w, np.sort(cuts)
 
 
-def nll(np, logits, y, temperature=1.0) -> float:
-    p = softmax(np, logits / temperature)
-    return float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+def probabilities(np, scores, cuts, temperature: float):
+    return np.array([tier_probabilities(float(s), cuts, temperature) for s in scores])
 
 
-def choose_route_up(np, probs, y, max_under: float) -> tuple[float, dict, list]:
-    """The largest threshold (fewest routed up) whose validation under-routing is within bound;
-    also every threshold's (exact, under) on validation, to show the trade-off."""
+def nll(np, probs, y) -> float:
+    return float(-np.log(probs[np.arange(len(y)), y] + 1e-12).mean())
+
+
+def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
+    """One threshold per cut: of the combinations whose validation under-routing is within
+    bound, the most exact (then the most within one tier). Also every single shared
+    threshold's (exact, within one, under) on validation, to show the trade-off."""
+    above = probs[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]          # chance of needing more than tier k
+    def rates(combo):
+        over = above > np.array(combo)[None]
+        guess = np.where(over.any(axis=1), over.shape[1] - over[:, ::-1].argmax(axis=1), 0)
+        return float((guess == y).mean()), float((abs(guess - y) <= 1).mean()), -float((guess < y).mean())
+
+    within = [(rates(combo), list(combo)) for combo in itertools.product(ROUTE_UP, repeat=above.shape[1])]
+    within = [(score, combo) for score, combo in within if -score[2] <= max_under]
+    cautious = [ROUTE_UP[-1]] * above.shape[1]        # if nothing is within bound
+    best, chosen = max(within, key=lambda row: row[0]) if within else (rates(cautious), cautious)
     curve = []
     for alpha in ROUTE_UP:
         guess = np.array([pick(p, alpha) for p in probs])
-        curve.append((alpha, round(float((guess == y).mean()), 3), round(float((guess < y).mean()), 3)))
-    alpha, exact, under = next((c for c in curve if c[2] <= max_under), curve[-1])
-    return alpha, {"exact": exact, "under": under}, curve
+        curve.append((alpha, round(float((guess == y).mean()), 3), round(float((abs(guess - y) <= 1).mean()), 3),
+                      round(float((guess < y).mean()), 3)))
+    return chosen, {"exact": round(best[0], 3), "within_one": round(best[1], 3), "under": round(-best[2], 3)}, curve
 
 
-def train(data: Path, out: Path, max_under: float, steps: int = 500) -> dict:
+def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
     try:
         import numpy as np
     except ImportError:
@@ -114,18 +126,24 @@ def train(data: Path, out: Path, max_under: float, steps: int = 500) -> dict:
     valid_items = [i for i in items if i["split"] == "validation"]
     started = time.perf_counter()
     tr, va = Matrix(np, train_items), Matrix(np, valid_items)
-    fits = {l2: fit(np, tr, l2, steps) for l2 in REGULARISATION}
-    l2 = min(fits, key=lambda k: nll(np, va.logits(np, fits[k]), va.y))
-    z = va.logits(np, fits[l2])
-    temperature = min((t / 20 for t in range(6, 61)), key=lambda t: nll(np, z, va.y, t))
-    probs = softmax(np, z / temperature)
+    calibrated = {}
+    for l2 in REGULARISATION:
+        w, cuts = fit(np, tr, l2, steps)
+        scores = va.scores(np, w)
+        temperature = min(TEMPERATURES, key=lambda t: nll(np, probabilities(np, scores, cuts, t), va.y))
+        probs = probabilities(np, scores, cuts, temperature)
+        calibrated[l2] = (nll(np, probs, va.y), temperature, probs)
+    l2 = min(calibrated, key=lambda k: calibrated[k][0])
+    _, temperature, probs = calibrated[l2]
     route_up, valid, curve = choose_route_up(np, probs, va.y, max_under)
-    meta = {"version": 1, "temperature": temperature, "route_up": route_up, "l2": l2,
-            "trained_on": len(train_items) + len(valid_items), "validation": {"items": len(valid_items), **valid,
-                                                             "likeliest_exact": float((probs.argmax(1) == va.y).mean()),
-                                                             "route_up_curve": curve}}
-    final = fit(np, Matrix(np, train_items + valid_items), l2, steps)
-    LocalClassifier.save(out, meta, final.T.tolist())
+    meta = {"version": 2, "temperature": temperature, "route_up": route_up, "l2": l2,
+            "trained_on": len(train_items) + len(valid_items),
+            "validation": {"items": len(valid_items), **valid,
+                           "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
+                           "shared_route_up_curve": curve}}
+    w, cuts = fit(np, Matrix(np, train_items + valid_items), l2, steps)
+    known = {key for item in train_items + valid_items for key in keyed_features(routing_input(item))[0]}
+    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), known)
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta
 
@@ -143,5 +161,5 @@ def gateway_register_commands(subparsers):
     p.add_argument("--out", default=str(WEIGHTS), help="where to write the model")
     p.add_argument("--max-under", type=float, default=0.05,
                    help="the most under-routing to accept on validation when choosing the route-up threshold")
-    p.add_argument("--steps", type=int, default=500, help="optimiser steps per fit")
+    p.add_argument("--steps", type=int, default=400, help="optimiser steps per fit")
     p.set_defaults(func=cmd_router_train)

@@ -45,6 +45,10 @@ def test_unsure_means_the_higher_tier():
     assert pick((0.5, 0.3, 0.15, 0.05), 0.25) == 1
     assert pick((0.9, 0.06, 0.03, 0.01), 0.25) == 0
     assert pick((0.05, 0.1, 0.25, 0.6), 0.25) == 3
+    # One threshold per tier: a 20% chance of needing more than medium is too much when
+    # medium's threshold is 10%, even though easy's (40%) would let a 50% chance through.
+    assert pick((0.5, 0.3, 0.15, 0.05), (0.6, 0.1, 0.1)) == 2
+    assert pick((0.5, 0.45, 0.04, 0.01), (0.6, 0.1, 0.1)) == 0
 
 
 def test_the_model_is_shipped_small_and_decides_without_numpy():
@@ -63,15 +67,23 @@ def test_calibrated_probabilities():
     assert abs(sum(probs) - 1) < 1e-9 and max(probs) == probs[0]
 
 
-async def test_long_paste_with_a_trivial_question_goes_to_the_easy_tier(start_gateway, fake_openai):
+async def test_a_long_paste_does_not_raise_the_tier_of_a_trivial_question(start_gateway, fake_openai):
     cfg = unreachable_classifier(fake_openai)
     gw = await start_gateway(cfg)
     key, _ = await gw.key(1)
     client = gw.openai(key)
-    r = await client.chat.completions.create(model="svc/smart", messages=[
-        {"role": "user", "content": LOG + "\n\nWhat status code did the first request get?"}])
-    billing = r.model_extra["billing"]
-    assert (billing["requested_model"], billing["classifier"], billing["difficulty"]) == ("svc/smart", "local", "easy")
+    question = "What status code did the first request get?"
+    billings = []
+    for text in (question, LOG + "\n\n" + question, question + "\n\n" + LOG):
+        r = await client.chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": text}])
+        billings.append(r.model_extra["billing"])
+    alone, *pasted = billings
+    tiers = ("easy", "medium", "hard", "frontier")
+    for billing in pasted:
+        assert (billing["requested_model"], billing["classifier"]) == ("svc/smart", "local")
+        assert tiers.index(billing["difficulty"]) <= tiers.index(alone["difficulty"])
+        # easy, or easy was the likeliest and it went up only because it was unsure
+        assert billing["difficulty"] == "easy" or "routed up from easy" in billing["note"]
     r = await client.chat.completions.create(model="svc/smart", messages=[
         {"role": "user", "content": "Montre que π est transcendant."}])
     assert r.model_extra["billing"]["difficulty"] in ("hard", "frontier")
@@ -122,11 +134,63 @@ def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
 
 
 async def test_the_billing_note_says_when_it_routed_up(start_gateway, fake_openai):
-    # The shipped model's likeliest tier for this request is easy (p about 0.65); the chance
-    # that easy is too low is above the route-up threshold, so it goes to medium and says so.
+    # A request of the set whose likeliest tier is lower than the one the shipped model
+    # takes: the chance that the likeliest is too low is above its route-up threshold.
+    from plugins.router_train import load_set, routing_input
+    model = shipped()
+    item, decision = next((item, d) for item in load_set(ROOT / "bench/router_set.jsonl")
+                          if item["split"] == "train" and not item["tools"] and len(item["messages"]) == 1
+                          for d in [model.decide(routing_input(item))] if d.routed_up)
     gw = await start_gateway(unreachable_classifier(fake_openai))
     key, _ = await gw.key(1)
-    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[
-        {"role": "user", "content": "Summarise the plot of Hamlet in three sentences."}])
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=item["messages"])
     billing = r.model_extra["billing"]
-    assert billing["difficulty"] == "medium" and "(medium, by local; routed up from easy (unsure: p=" in billing["note"]
+    assert billing["difficulty"] == decision.tier != decision.likeliest
+    assert f"({decision.tier}, by local; routed up from {decision.likeliest} (unsure: p=" in billing["note"]
+    r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": "hi!"}])
+    assert "routed up" not in r.model_extra["billing"]["note"]
+
+
+def test_the_readme_tables_are_what_router_eval_writes(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    out = subprocess.run([sys.executable, str(ROOT / "gateway.py"), "router-eval", "--config",
+                          str(ROOT / "docs/examples/smart-router.yaml"), "--readme", str(copy)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert copy.read_text() == readme, ("the README's svc/smart tables are stale: run gateway router-eval "
+                                        "--config docs/examples/smart-router.yaml --readme README.md")
+
+
+def test_every_disagreement_with_the_second_labelling_pass_is_settled():
+    """Where the set's label differs from the blind second pass, settled.jsonl must say it was
+    kept, and every settled label must be the one the set now carries."""
+    here = ROOT / "bench" / "router_set"
+    labels = {r["id"]: r["tier"] for r in map(json.loads, (ROOT / "bench/router_set.jsonl").read_text().splitlines())}
+    second = {r["id"]: r["tier"] for r in map(json.loads, (here / "second_pass.jsonl").read_text().splitlines())}
+    settled = {r["id"]: r for r in map(json.loads, (here / "settled.jsonl").read_text().splitlines())}
+    assert set(second) == set(labels)
+    for item_id, row in settled.items():
+        assert row["first"] != row["second"] and row["settled"] in (row["first"], row["second"]) and row["why"]
+        assert labels[item_id] == row["settled"] and second[item_id] == row["second"]
+    assert {i for i in labels if labels[i] != second[i]} <= set(settled)
+
+
+def test_the_gateway_table_gives_the_weights_training_fitted():
+    """A decision looks keys up in the model's table instead of hashing them; for requests of
+    the set (whose keys are all known) that must give exactly the trained score."""
+    from plugins.router_features import DENSE, FEATURES, features
+    from plugins.router_train import load_set, routing_input
+    model = shipped()
+    raw = (ROOT / "plugins" / "router_model.bin").read_bytes()
+    from array import array
+    head, _, rest = raw.partition(b"\n")
+    weights = array("f")
+    weights.frombytes(rest[json.loads(head)["known_bytes"]:])
+    items = load_set(ROOT / "bench/router_set.jsonl")
+    for item in [i for i in items if i["split"] != "test"][:200:7]:
+        slots, weight, dense = features(routing_input(item))
+        hashed = weight * sum(weights[s] for s in slots) + sum(
+            w * d for w, d in zip(weights[FEATURES - len(DENSE):], dense))
+        assert model.score(routing_input(item)) == pytest.approx(hashed, rel=1e-9, abs=1e-9)
