@@ -1,0 +1,44 @@
+"""The API document and its docs page:
+
+- `GET /api/v1/openapi.json`: every route of the gateway in OpenAPI 3.1 (document.py
+  assembles it from spec/*.yaml and the providers' pinned schemas, once per process);
+- `GET /docs`: a small page of our own (assets/, shipped in the package, nothing fetched
+  from elsewhere) that renders that document, routes grouped by tag.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import json
+from aiohttp import web
+
+from plugins import hookimpl
+from plugins.appstate import CONFIG
+from plugins.static_pages import StaticPage
+
+from .document import build
+
+DOCS = StaticPage(Path(__file__).resolve().parent / "assets", "docs")
+PATH = "/api/v1/openapi.json"
+SERVED = web.AppKey("openapi_document", list)
+
+
+async def document(request: web.Request) -> web.Response:
+    served = request.app[SERVED]
+    if not served:          # built on first use: a gateway nobody asks pays nothing
+        # the stdlib encoder: OpenAI's document has integers past 64 bits (seed's bounds)
+        served.append(json.dumps(build(request.app[CONFIG].server.public_url), separators=(",", ":")).encode())
+    return web.Response(body=served[0], content_type="application/json", headers={"Cache-Control": "no-cache"})
+
+
+@hookimpl
+def gateway_configure(app, config):
+    app[SERVED] = []
+
+
+@hookimpl
+def gateway_register_routes(register, config):
+    register("GET", PATH, document)
+    register("GET", "/docs", DOCS.page)
+    register("GET", "/docs/", DOCS.page)
+    register("GET", "/docs/assets/{name}", DOCS.asset)
