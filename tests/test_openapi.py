@@ -50,7 +50,6 @@ ADMIN_ROUTES = [("get", "/api/v1/admin/accounts"), ("post", "/api/v1/admin/accou
 NOT_EXERCISED = {
     ("post", IMAGES_ROUTE, "502"): "the demo renderer cannot fail; media upstream failures: test_media_upstreams",
     ("post", VIDEOS_ROUTE, "502"): "as above",
-    ("post", "/api/v1/account/agents/register", "429"): "admission shared with purchases, exercised there",
     **{(m, r, "503"): "a store or the facilitator down: test_redis_config, test_x402"
        for m, r in (("post", CHAT_ROUTE), ("post", MESSAGES_ROUTE), ("post", RESPONSES_ROUTE),
                     ("post", IMAGES_ROUTE), ("post", VIDEOS_ROUTE))},
@@ -97,6 +96,13 @@ class Documented:
         error = best_match(validator.iter_errors(instance))
         assert error is None, f"{what}: {error.message[:400]} at {list(error.absolute_path)}"
 
+    def check_request(self, method: str, route: str, body) -> None:
+        """A body the gateway accepted is one the document's request schema accepts."""
+        op, where = self.operation(method.lower(), route)
+        assert "requestBody" in op, f"{method.upper()} {route} took a body the document does not declare"
+        _, where = self.follow(op["requestBody"], f"{where}/requestBody")
+        self.validate(body, f"{where}/content/application~1json/schema", f"{method.upper()} {route} request")
+
     def check(self, method: str, route: str, status: int, content_type: str | None, body: bytes) -> None:
         """The answer `status` with `body` is one the document declares for the route."""
         method = method.lower()
@@ -138,6 +144,8 @@ class Client:
                 content = await r.read()
                 assert r.status == status, f"{method} {path or route}: {r.status} {content[:300]!r}"
                 self.doc.check(method, route, r.status, r.headers.get("Content-Type"), content)
+                if body is not None and r.status < 300:
+                    self.doc.check_request(method, route, body)
                 media = r.headers.get("Content-Type", "")
                 return (json.loads(content) if content and media.startswith("application/json") else content), r.headers
 
@@ -150,6 +158,8 @@ class Client:
         await answer.aread()
         assert answer.status_code == status, f"{route}: {answer.status_code} {answer.text[:300]}"
         self.doc.check("post", route, answer.status_code, answer.headers.get("content-type"), answer.content)
+        if status < 300:                  # what the SDK sent is what the document describes
+            self.doc.check_request("post", route, json.loads(answer.request.content))
         return answer
 
 
@@ -466,7 +476,8 @@ async def tightest_limits(strict: Client) -> None:
                         (RESPONSES_ROUTE, {"model": "demo/echo", "input": "Hi"}),
                         (IMAGES_ROUTE, {"model": "demo/image", "prompt": "a fox"}),
                         (VIDEOS_ROUTE, {"model": "demo/video", "prompt": "a falcon"}),
-                        ("/api/v1/account/credits/purchase", {"usd": 5})):
+                        ("/api/v1/account/credits/purchase", {"usd": 5}),
+                        ("/api/v1/account/agents/register", {"name": "scout"})):
         await strict.http("POST", route, 429, body=body, key=key)
     fresh, _ = await strict.gw.key(0)
     await strict.http("POST", "/api/v1/account/credits/purchase", 503, body={"usd": 5}, key=fresh)
