@@ -164,10 +164,12 @@ class Client:
 
 
 async def raw(call):
+    """The raw HTTP answer of an SDK's `with_raw_response` call."""
     return (await call).http_response
 
 
 async def streamed(make):
+    """The raw HTTP answer of an SDK's `with_streaming_response` call, read to its end."""
     async with make as response:
         await response.read()
         return response.http_response
@@ -340,10 +342,8 @@ async def listings(c: Client) -> None:
 async def media_routes(c: Client, key: str, broke: str, restricted: str) -> None:
     ai = c.gw.openai(key)
 
-    def image(client=ai, **kw):
-        body = {"model": "demo/image", "prompt": "a red fox", **kw}
-        return raw(client.images.with_raw_response.generate(**{k: v for k, v in body.items() if k in (
-            "model", "prompt", "n")}, extra_body={k: v for k, v in body.items() if k not in ("model", "prompt", "n")}))
+    def image(client=ai, prompt="a red fox", **extra):
+        return raw(client.images.with_raw_response.generate(model="demo/image", prompt=prompt, extra_body=extra))
     await c.sdk(IMAGES_ROUTE, 200, image)
     await c.sdk(IMAGES_ROUTE, 400, lambda: image(quality="ultra"))
     await c.sdk(IMAGES_ROUTE, 401, lambda: image(client=c.gw.openai("chk_not-a-real-key")))
@@ -456,12 +456,11 @@ async def admin_routes(c: Client, key: str) -> str:
 
 async def page_routes(c: Client) -> None:
     await c.http("GET", "/api/v1/openapi.json", 200)
-    for page in ("docs", "dashboard"):
+    for page, files in (("docs", ("docs.js", "docs.css")), ("dashboard", ("app.js", "style.css"))):
         await c.http("GET", f"/{page}", 200)
         await c.http("GET", f"/{page}/", 200)
-        name = "docs.js" if page == "docs" else "app.js"
-        await c.http("GET", f"/{page}/assets/{{name}}", 200, path=f"/{page}/assets/{name}")
-        await c.http("GET", f"/{page}/assets/{{name}}", 200, path=f"/{page}/assets/{name.split('.')[0] if page == 'docs' else 'style'}.css")
+        for name in files:
+            await c.http("GET", f"/{page}/assets/{{name}}", 200, path=f"/{page}/assets/{name}")
         await c.http("GET", f"/{page}/assets/{{name}}", 404, path=f"/{page}/assets/nothing.js")
 
 
