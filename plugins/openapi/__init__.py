@@ -23,7 +23,7 @@ PATH = "/api/v1/openapi.json"
 SERVED = web.AppKey("openapi_document", list)
 
 
-async def document(request: web.Request) -> web.Response:
+async def serve_document(request: web.Request) -> web.Response:
     served = request.app[SERVED]
     if not served:          # built on first use: a gateway nobody asks pays nothing
         # the stdlib encoder: OpenAI's document has integers past 64 bits (seed's bounds)
@@ -38,7 +38,7 @@ def gateway_configure(app, config):
 
 @hookimpl
 def gateway_register_routes(register, config):
-    register("GET", PATH, document)
+    register("GET", PATH, serve_document)
     register("GET", "/docs", DOCS.page)
     register("GET", "/docs/", DOCS.page)
     register("GET", "/docs/assets/{name}", DOCS.asset)
