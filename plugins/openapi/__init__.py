@@ -7,9 +7,10 @@
 """
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
-import json
 from aiohttp import web
 
 from plugins import hookimpl
@@ -23,11 +24,17 @@ PATH = "/api/v1/openapi.json"
 SERVED = web.AppKey("openapi_document", list)
 
 
+def _render(public_url: str) -> bytes:
+    # the stdlib encoder: OpenAI's document has integers past 64 bits (seed's bounds)
+    return json.dumps(build(public_url), separators=(",", ":")).encode()
+
+
 async def serve_document(request: web.Request) -> web.Response:
     served = request.app[SERVED]
-    if not served:          # built on first use: a gateway nobody asks pays nothing
-        # the stdlib encoder: OpenAI's document has integers past 64 bits (seed's bounds)
-        served.append(json.dumps(build(request.app[CONFIG].server.public_url), separators=(",", ":")).encode())
+    if not served:     # built on first use (about a second of CPU), off the event loop
+        body = await asyncio.to_thread(_render, request.app[CONFIG].server.public_url)
+        if not served:
+            served.append(body)
     return web.Response(body=served[0], content_type="application/json", headers={"Cache-Control": "no-cache"})
 
 
