@@ -90,8 +90,9 @@ def _refs(node: Any):
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str) and value.startswith(LOCAL):
                 yield value[len(LOCAL):]
-            elif key == "mapping" and isinstance(value, dict):
+            elif key == "mapping" and isinstance(value, dict):     # a discriminator's, or a property so named
                 yield from (v[len(LOCAL):] for v in value.values() if isinstance(v, str) and v.startswith(LOCAL))
+                yield from _refs([v for v in value.values() if not isinstance(v, str)])
             else:
                 yield from _refs(value)
     elif isinstance(node, list):
