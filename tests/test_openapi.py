@@ -28,7 +28,7 @@ from plugins.appstate import CONFIG
 from plugins.openapi.document import PROVIDERS, pinned
 from tests.conftest import DEMO_MODELS, UPSTREAM_PRICES
 from tests.conformance.wire import parse_sse
-from tests.fakes import FakeOpenAIChat, Reply
+from tests.fakes import FakeFal, FakeOpenAIChat, MediaReply, Reply
 from tests.fakes.facilitator import FakeFacilitator
 from tests.test_media import MEDIA
 from tests.test_x402 import chains, payer_client
@@ -48,8 +48,6 @@ ADMIN_ROUTES = [("get", "/api/v1/admin/accounts"), ("post", "/api/v1/admin/accou
 
 # Statuses the document lists (they are true) that this test does not produce, and why.
 NOT_EXERCISED = {
-    ("post", IMAGES_ROUTE, "502"): "the demo renderer cannot fail; media upstream failures: test_media_upstreams",
-    ("post", VIDEOS_ROUTE, "502"): "as above",
     **{(m, r, "503"): "a store or the facilitator down: test_redis_config, test_x402"
        for m, r in (("post", CHAT_ROUTE), ("post", MESSAGES_ROUTE), ("post", RESPONSES_ROUTE),
                     ("post", IMAGES_ROUTE), ("post", VIDEOS_ROUTE))},
@@ -182,20 +180,28 @@ async def served(aiohttp_server, start_gateway, monkeypatch, tmp_path):
     """A gateway with every feature on (admin key, x402, moderation, media, a failing
     upstream model), and a second one with every limit at its tightest and no admin key."""
     monkeypatch.setenv("GATEWAY_ADMIN_KEY", ADMIN_KEY)
-    facilitator, upstream = FakeFacilitator(), FakeOpenAIChat()
+    facilitator, upstream, renders = FakeFacilitator(), FakeOpenAIChat(), FakeFal()
     fac_url = str((await aiohttp_server(facilitator.app)).make_url(""))
     up_url = str((await aiohttp_server(upstream.app)).make_url("/v1"))
+    fal_url = str((await aiohttp_server(renders.app)).make_url(""))
     models = {"chat": DEMO_MODELS + [{"id": "up/gpt", "provider": "up", "upstream": "gpt-4o-mini",
-                                      **UPSTREAM_PRICES}], **MEDIA}
+                                      **UPSTREAM_PRICES}],
+              "image": MEDIA["image"] + [{"id": "fal/flux", "provider": "fal", "upstream": "fal-ai/flux/dev",
+                                          "list_usd_per_image": 0.05}],
+              "video": MEDIA["video"] + [{"id": "fal/veo3", "provider": "fal", "upstream": "fal-ai/veo3",
+                                          "list_usd_per_second": 0.40,
+                                          "options": {"duration_seconds": {"values": [8], "default": 8}}}]}
     common = {"models": models, "moderation": RULES,
-              "providers": {"up": {"type": "openai", "base_url": up_url, "api_key": "sk-test-upstream"}},
+              "providers": {"up": {"type": "openai", "base_url": up_url, "api_key": "sk-test-upstream"},
+                            "fal": {"type": "fal", "base_url": fal_url, "api_key": "fal-test-key",
+                                    "poll_seconds": 0.01}},
               "media": {"artifacts": {"dir": str(tmp_path / "artifacts")}, "allow_private_urls": True}}
     gw = await start_gateway({**common, "payments": {"x402": {"facilitator": {"url": fac_url},
                                                               "chains": chains("usdc")}}})
     monkeypatch.delenv("GATEWAY_ADMIN_KEY")
     strict = await start_gateway({**common, "limits": {"per_key": {"rpm": 1}, "per_address": {"rpm": 1}}})
     documented = await fetch_document(gw)
-    return Client(gw, documented), Client(strict, documented), upstream
+    return Client(gw, documented), Client(strict, documented), upstream, renders
 
 
 async def fetch_document(gw) -> Documented:
@@ -339,7 +345,7 @@ async def listings(c: Client) -> None:
     await c.http("GET", "/api/v1/media/models", 200)
 
 
-async def media_routes(c: Client, key: str, broke: str, restricted: str) -> None:
+async def media_routes(c: Client, key: str, broke: str, restricted: str, renders: FakeFal) -> None:
     ai = c.gw.openai(key)
 
     def image(client=ai, prompt="a red fox", **extra):
@@ -352,6 +358,8 @@ async def media_routes(c: Client, key: str, broke: str, restricted: str) -> None
     await c.sdk(IMAGES_ROUTE, 403, lambda: image(client=c.gw.openai(restricted)))
     await c.sdk(IMAGES_ROUTE, 413, lambda: image(prompt="x" * 200_001))
     await c.sdk(IMAGES_ROUTE, 422, lambda: image(prompt=FLAGGED))
+    renders.enqueue(MediaReply(error_status=500))
+    await c.sdk(IMAGES_ROUTE, 502, lambda: raw(ai.images.with_raw_response.generate(model="fal/flux", prompt="a fox")))
 
     video = {"model": "demo/video", "prompt": "a falcon dives"}
     done, _ = await c.http("POST", VIDEOS_ROUTE, 200, body=video, key=key)
@@ -362,6 +370,8 @@ async def media_routes(c: Client, key: str, broke: str, restricted: str) -> None
     await c.http("POST", VIDEOS_ROUTE, 403, body=video, key=restricted)
     await c.http("POST", VIDEOS_ROUTE, 413, body={**video, "prompt": "x" * 200_001}, key=key)
     await c.http("POST", VIDEOS_ROUTE, 422, body={**video, "prompt": FLAGGED}, key=key)
+    renders.enqueue(MediaReply(video=True, fail="content policy violation"))
+    await c.http("POST", VIDEOS_ROUTE, 502, body={"model": "fal/veo3", "prompt": "a falcon"}, key=key)
 
     artifact = "/api/v1/media/artifacts/{name}"
     await c.http("GET", artifact, 200, path=done["results"][0]["url"])
@@ -487,7 +497,7 @@ async def tightest_limits(strict: Client) -> None:
 
 @pytest.mark.timeout(180)
 async def test_every_route_answers_as_documented(served):
-    client, strict, upstream = served
+    client, strict, upstream, renders = served
     key, _ = await client.gw.key(20)
     broke, _ = await client.gw.key(0)
     await listings(client)
@@ -498,7 +508,7 @@ async def test_every_route_answers_as_documented(served):
     chat_only, _ = await client.http("POST", "/api/v1/admin/accounts/{id}/keys", 201,
                                      path="/api/v1/admin/accounts/1/keys", body={"models": ["demo/echo"]},
                                      key=ADMIN_KEY)
-    await media_routes(client, key, broke, chat_only["key"])
+    await media_routes(client, key, broke, chat_only["key"], renders)
     await account_routes(client, key)
     await page_routes(client)
     await tightest_limits(strict)
