@@ -573,7 +573,7 @@ async def test_docs_page_renders_every_route_in_a_browser(plain):
             assert {"Chat", "Media", "Account", "Credits", "Admin", "Pages"} <= set(tags)
             chat = page.locator("section[data-path='/api/v1/chat/completions']")
             assert "openai.CreateChatCompletionRequest" in await chat.inner_text()
-            assert "billing" in await chat.inner_text()
+            assert "billing" in await chat.inner_text() and "PAYMENT-REQUIRED" in await chat.inner_text()
             await page.fill("#filter", "purchase")
             assert await page.locator("[data-testid=operation]:visible").count() == 1
             assert errors == []

@@ -133,9 +133,11 @@ function parametersView(resolve, params) {
 function responsesView(resolve, responses) {
   return [el("h4", { text: "Responses" }), ...Object.entries(responses || {}).map(([status, raw]) => {
     const r = resolve(raw).node;
+    const headers = Object.entries(r.headers || {}).map(([name, h]) => el("div", { class: "muted" },
+      "header ", el("code", { text: name }), " ", prose(resolve(h).node.description)));
     return el("div", { class: "response", "data-testid": "response" },
       el("span", { class: `status ${status.startsWith("2") ? "ok" : "bad"}`, text: status }), " ",
-      prose(r.description), contentView(resolve, r.content));
+      prose(r.description), headers, contentView(resolve, r.content));
   })];
 }
 
