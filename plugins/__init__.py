@@ -59,6 +59,7 @@ DEFAULT_PLUGINS = (
     "plugins.admin",
     "plugins.admin.cli",
     "plugins.dashboard",
+    "plugins.openapi",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.

@@ -1,4 +1,6 @@
-"""Refresh the pinned OpenAPI component schemas the conformance tests validate against.
+"""Refresh the pinned OpenAPI component schemas: the conformance tests validate against
+them, and the gateway's own API document (GET /api/v1/openapi.json) embeds them where a
+route speaks a provider's format.
 
     python scripts/refresh_openapi.py                       # the pinned commits, from GitHub
     python scripts/refresh_openapi.py --openai-commit SHA   # move OpenAI's pin
@@ -6,9 +8,9 @@
 
 Downloads OpenAI's `openapi.json` (openai/openai-openapi) and Anthropic's OpenAPI document
 (the copy kept at tryAGI/Anthropic, src/libs/Anthropic/openapi.yaml, which is JSON text),
-keeps only the response-side schemas the gateway emits plus everything they reference,
-and writes them to tests/conformance/schemas/ with their source repository, path and
-commit. Both documents are MIT-licensed. Multi-megabyte documents stay out of the repo.
+keeps only the schemas of the bodies the gateway takes and emits plus everything they
+reference, and writes them to plugins/openapi/pinned/ (shipped in the package) with their
+source repository, path and commit. Both documents are MIT-licensed. Multi-megabyte documents stay out of the repo.
 """
 from __future__ import annotations
 
@@ -20,15 +22,16 @@ from pathlib import Path
 
 import yaml
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "conformance" / "schemas"
+OUT = Path(__file__).resolve().parent.parent / "plugins" / "openapi" / "pinned"
 SOURCES = {
     "openai": {"repo": "openai/openai-openapi", "path": "openapi.json",
                "commit": "f85dbe223d40e1a31cba812ab2d755c7e98a92a3",
                "roots": ["CreateChatCompletionResponse", "CreateChatCompletionStreamResponse", "ErrorResponse",
-                         "Response", "ResponseStreamEvent"]},
+                         "Response", "ResponseStreamEvent", "CreateChatCompletionRequest", "CreateResponse",
+                         "ListModelsResponse"]},
     "anthropic": {"repo": "tryAGI/Anthropic", "path": "src/libs/Anthropic/openapi.yaml",
                   "commit": "8b42a21e6aa7fc9b521cc0c1581f586480b5cad3",
-                  "roots": ["Message", "MessageStreamEvent", "ErrorResponse"]},
+                  "roots": ["Message", "MessageStreamEvent", "ErrorResponse", "CreateMessageParams"]},
 }
 REF = re.compile(r'"#/components/schemas/([^"]+)"')
 

@@ -1,16 +1,15 @@
 """Check gateway output against the providers' published OpenAPI schemas.
 
-The pinned documents (schemas/*.json, refreshed by scripts/refresh_openapi.py) are read
-once. `jsonschema` does the validating; this module only maps each body or stream event to
-the component schema that describes it, turns OpenAPI's `nullable: true` into JSON Schema,
-and lists the object keys the schema does not declare (strict clients drop or refuse them).
+The pinned documents (plugins/openapi/pinned/*.json, refreshed by
+scripts/refresh_openapi.py; the gateway's own API document embeds them too) are read once,
+with OpenAPI's `nullable: true` as JSON Schema. `jsonschema` does the validating; this
+module only maps each body or stream event to the component schema that describes it, and
+lists the object keys the schema does not declare (strict clients drop or refuse them).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any, Iterator
 
 from jsonschema import Draft202012Validator
@@ -18,36 +17,20 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-SCHEMAS = Path(__file__).parent / "schemas"
-DOCS = ("openai", "anthropic")
+from plugins.openapi.document import PROVIDERS, pinned
+
+DOCS = PROVIDERS
 
 
-def _nullable(node: Any) -> Any:
-    """OpenAPI 3.0's `nullable: true` (still used in OpenAI's 3.1 document) as JSON Schema:
-    the schema, or null."""
-    if isinstance(node, list):
-        return [_nullable(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _nullable(v) for k, v in node.items()}
-    if out.pop("nullable", False) is True:
-        return {"anyOf": [out, {"type": "null"}]}
-    return out
-
-
-@cache
 def source(doc: str) -> dict[str, Any]:
     """Where a pinned document came from (repository, commit, version)."""
-    return json.loads((SCHEMAS / f"{doc}.json").read_text())["x-source"]
+    return pinned(doc)["x-source"]
 
 
 @cache
 def _registry() -> Registry:
-    resources = []
-    for doc in DOCS:
-        contents = _nullable(json.loads((SCHEMAS / f"{doc}.json").read_text()))
-        resources.append((f"urn:{doc}", Resource(contents=contents, specification=DRAFT202012)))
-    return Registry().with_resources(resources)
+    return Registry().with_resources(
+        (f"urn:{doc}", Resource(contents=pinned(doc), specification=DRAFT202012)) for doc in DOCS)
 
 
 @cache
