@@ -58,6 +58,9 @@ DEFAULT_PLUGINS = (
     "plugins.admin",
     "plugins.admin.cli",
     "plugins.dashboard",
+    "plugins.health",
+    "plugins.metrics",
+    "plugins.tracing",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.
@@ -70,6 +73,7 @@ PIPELINE_HOOKS = (
     "gateway_reserve",
     "gateway_settle",
     "gateway_record_usage",
+    "gateway_call_refused",
     "gateway_request_wrapper",
     "gateway_account_info",
 )

@@ -3,6 +3,7 @@ gateway.py so plugins never import the core (which may be running as __main__)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +21,24 @@ PROVIDER_TYPES = web.AppKey("provider_types", dict)
 FORMATS = web.AppKey("formats", dict)
 BACKGROUND = web.AppKey("background", set)
 REQUEST_ID = web.RequestKey("request_id", str)
+
+
+class Spans:
+    """Where the pipeline opens a span per stage (plugins.tracing replaces it when traces
+    are on). This default opens none: a stage costs one shared no-op `with`."""
+    _none = contextlib.nullcontext()
+
+    def stage(self, name: str):
+        """Around one pipeline stage ("authenticate", "reserve", "settle", ...)."""
+        return self._none
+
+    def call(self, ctx):
+        """Around the upstream work of a call (the provider, the relay)."""
+        return self._none
+
+
+NO_SPANS = Spans()
+SPANS = web.AppKey("spans", Spans)
 
 
 def spawn(app: web.Application, coro) -> asyncio.Task:
