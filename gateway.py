@@ -285,7 +285,8 @@ def cmd_run(args) -> int:
     redis = redis_url(cfg)
     log.info("starting", host=host, port=port, public_url=cfg.server.public_url, config=cfg.path,
              database=config_mod.redact_url(cfg.storage_url), redis=config_mod.redact_url(redis) if redis else None,
-             chat_models=len(cfg.chat_models), providers={p.name: p.type for p in cfg.providers.values()})
+             chat_models=len(cfg.chat_models),
+             providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
         asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))
     except StartupError as err:

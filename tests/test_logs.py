@@ -66,7 +66,8 @@ async def test_start_calls_and_stop_are_logged_with_one_id_per_call(logged):
     starting = events["starting"][0]
     assert starting["database"] == database.replace(PASSWORD, "***")
     assert starting["redis"] == redis
-    assert starting["providers"] == {"demo": "demo", "up": "openai", "spare": "anthropic"}
+    assert starting["providers"]["up"] == {"type": "openai", "base_url": str(upstream.server.make_url("/v1")),
+                                           "api_key": "***"}
     assert events["providers"][0]["ready"] == ["demo", "up"]
     assert events["providers_without_keys"][0]["set"] == {"spare": "SPARE_KEY_UNSET_IN_TEST"}
     assert (events["serving"][0]["host"], events["serving"][0]["port"]) == ("127.0.0.1", gp.port)
