@@ -94,32 +94,58 @@ def _labels(ctx: CallContext) -> tuple[str, str]:
     return ctx.request.app[METRICS].model(ctx.model_id), m.NONE
 
 
+class CallSeries:
+    """Every labelled child one kind of call touches, bound together: a finished call then
+    costs one dict lookup, not one per metric."""
+
+    __slots__ = ("requests", "seconds", "upstream", "first_token", "tokens_in", "tokens_out")
+
+    def __init__(self, endpoint: str, model: str, provider: str, status: str, outcome: str):
+        self.requests = m.REQUESTS(endpoint, model, provider, status, outcome)
+        self.seconds = m.REQUEST_SECONDS(endpoint)
+        self.upstream = m.UPSTREAM_SECONDS(provider)
+        self.first_token = m.FIRST_TOKEN_SECONDS(provider)
+        self.tokens_in = m.TOKENS(model, "input")
+        self.tokens_out = m.TOKENS(model, "output")
+
+
+_SERIES: dict[tuple, CallSeries] = {}
+
+
+def series(ctx: CallContext, status: int, outcome: str) -> CallSeries:
+    model, provider = _labels(ctx)
+    key = (ctx.endpoint, model, provider, status, outcome)
+    found = _SERIES.get(key)
+    if found is None:
+        found = _SERIES[key] = CallSeries(ctx.endpoint, model, provider, str(status), outcome)
+    return found
+
+
 @hookimpl
 def gateway_record_usage(ctx: CallContext):
     """A call that reached the upstream stage ended (settled, usage written)."""
-    model, provider = _labels(ctx)
-    endpoint = ctx.endpoint
-    m.REQUESTS(endpoint, model, provider, str(ctx.status), ctx.outcome).inc()
-    m.REQUEST_SECONDS(endpoint).observe(time.monotonic() - ctx.started)
+    s = series(ctx, ctx.status, ctx.outcome)
+    s.requests.inc()
+    s.seconds.observe(time.monotonic() - ctx.started)
     if ctx.upstream_seconds:
-        m.UPSTREAM_SECONDS(provider).observe(ctx.upstream_seconds)
+        s.upstream.observe(ctx.upstream_seconds)
     if ctx.first_token_seconds:
-        m.FIRST_TOKEN_SECONDS(provider).observe(ctx.first_token_seconds)
+        s.first_token.observe(ctx.first_token_seconds)
     billing = ctx.billing
     if billing:
-        m.TOKENS(model, "input").inc(billing.get("input_tokens_billed", 0))
-        m.TOKENS(model, "output").inc(billing.get("output_tokens_billed", 0))
+        s.tokens_in.inc(billing.get("input_tokens_billed", 0))
+        s.tokens_out.inc(billing.get("output_tokens_billed", 0))
     if ctx.charge_micro and ctx.hold is not None and ctx.hold.kind in m.CHARGED:
         m.CHARGED[ctx.hold.kind].inc(ctx.charge_micro)
     if ctx.free_micro:
         m.CHARGED["allowance"].inc(ctx.free_micro)
     if ctx.upstream_error:
-        m.UPSTREAM_ERRORS(provider, ctx.upstream_error).inc()
+        m.UPSTREAM_ERRORS(_labels(ctx)[1], ctx.upstream_error).inc()
 
 
 @hookimpl
 def gateway_call_refused(ctx: CallContext, error: GatewayError):
     """A call refused before any upstream work (4xx, a 402 challenge)."""
-    model, provider = _labels(ctx)
-    m.REQUESTS(ctx.endpoint, model, provider, str(error.status), REFUSED).inc()
-    m.REQUEST_SECONDS(ctx.endpoint).observe(time.monotonic() - ctx.started)
+    s = series(ctx, error.status, REFUSED)
+    s.requests.inc()
+    s.seconds.observe(time.monotonic() - ctx.started)
