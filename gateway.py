@@ -26,7 +26,7 @@ from plugins import acall_all, get_plugin_manager, workers
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, NO_SPANS, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, SPANS, STORE,
 )
-from plugins.context import CLIENT_GONE, OK, CallContext, new_id
+from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import NOT_RETRYABLE, GatewayError, StartupError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
@@ -230,7 +230,8 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
         if pending:                              # what followed the end (a same-format upstream's last frame)
             await resp.write(b"".join(pending))
     except GatewayError as err:                 # upstream failed mid-stream: never charged
-        ctx.failed(err)
+        ctx.outcome = FAILED
+        ctx.note_error(err)
         await finish(ctx)
         log.warning("stream_failed", error=err.message)
         try:

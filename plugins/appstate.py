@@ -36,6 +36,10 @@ class Spans:
         """Around the upstream work of a call (the provider, the relay)."""
         return self._none
 
+    def client_trace_configs(self) -> list:
+        """aiohttp TraceConfigs for the upstream session (a span per upstream request)."""
+        return []
+
 
 NO_SPANS = Spans()
 SPANS = web.AppKey("spans", Spans)

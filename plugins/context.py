@@ -117,9 +117,9 @@ class CallContext:
         """The endpoint's short name recorded with usage ("chat.completions", "images.generations", ...)."""
         return self.format.endpoint
 
-    def failed(self, err) -> None:
-        """The upstream stage failed with GatewayError `err` (which may have come from the upstream)."""
-        self.outcome, self.error = FAILED, err.message
+    def note_error(self, err) -> None:
+        """The upstream stage failed with GatewayError `err`, which may have come from the upstream."""
+        self.error = err.message
         if err.from_upstream:
             self.upstream_error = err.code or "upstream_error"
 

@@ -83,7 +83,7 @@ async def upstream_call(ctx: CallContext):
         yield
     except GatewayError as err:
         ctx.status = err.status
-        ctx.failed(err)
+        ctx.note_error(err)
         raise
     finally:
         await finish(ctx)

@@ -1,13 +1,11 @@
 """`GET /metrics` as Prometheus scrapes it: scrape, make one call of each kind through the
 official SDKs, scrape again, and check the exact deltas against what the ledger recorded.
 Label values stay bounded; the token protects it; `--workers 2` sums both workers."""
-import asyncio
 import os
 from collections import Counter
 from pathlib import Path
 
 import aiohttp
-import anthropic
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

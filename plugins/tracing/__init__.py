@@ -55,5 +55,4 @@ def gateway_configure(app, config):
 
 @hookimpl
 def gateway_client_trace_configs(app):
-    spans = app[SPANS]
-    return [spans.client_trace_config()] if hasattr(spans, "client_trace_config") else None
+    return app[SPANS].client_trace_configs() or None

@@ -113,7 +113,7 @@ class OtelSpans(Spans):
                 if ctx.outcome == FAILED and ctx.error:
                     span.set_status(Status(StatusCode.ERROR, ctx.error))
 
-    def client_trace_config(self) -> aiohttp.TraceConfig:
+    def client_trace_configs(self) -> list[aiohttp.TraceConfig]:
         """A client span per upstream HTTP request, child of the span current in the caller."""
         tracer = self.tracer
 
@@ -142,7 +142,7 @@ class OtelSpans(Spans):
         config.on_request_start.append(started)
         config.on_request_end.append(ended)
         config.on_request_exception.append(failed)
-        return config
+        return [config]
 
 
 def genai_attributes(ctx: CallContext) -> dict:
