@@ -33,8 +33,8 @@ from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
 from plugins.redis_link import redis_url
 from plugins.serving import serve
-from providers.base import UpstreamError
 from plugins.storage import collect_migrations, leases, open_storage
+from providers.base import UpstreamError
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )

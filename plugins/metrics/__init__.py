@@ -103,10 +103,11 @@ class CallSeries:
     def __init__(self, endpoint: str, model: str, provider: str, status: str, outcome: str):
         self.requests = m.REQUESTS(endpoint, model, provider, status, outcome)
         self.seconds = m.REQUEST_SECONDS(endpoint)
-        self.upstream = m.UPSTREAM_SECONDS(provider)
-        self.first_token = m.FIRST_TOKEN_SECONDS(provider)
-        self.tokens_in = m.TOKENS(model, "input")
-        self.tokens_out = m.TOKENS(model, "output")
+        if outcome != REFUSED:      # a refusal has no upstream or tokens: no empty series for it
+            self.upstream = m.UPSTREAM_SECONDS(provider)
+            self.first_token = m.FIRST_TOKEN_SECONDS(provider)
+            self.tokens_in = m.TOKENS(model, "input")
+            self.tokens_out = m.TOKENS(model, "output")
 
 
 _SERIES: dict[tuple, CallSeries] = {}
