@@ -1,7 +1,9 @@
 """`GET /metrics` as Prometheus scrapes it: scrape, make one call of each kind through the
 official SDKs, scrape again, and check the exact deltas against what the ledger recorded.
 Label values stay bounded; the token protects it; `--workers 2` sums both workers."""
+import asyncio
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -173,3 +175,29 @@ async def test_workers_add_up(tmp_path):
     finally:
         await c.stop()
     assert not os.path.exists(folder)
+
+
+async def test_a_dead_workers_holds_leave_the_gauge(tmp_path):
+    """kill -9 the worker that holds a streaming call's credits: once the supervisor has
+    replaced it, the holds gauge no longer counts that worker's hold."""
+    c = await Cluster(tmp_path, redis_url=None, mode="workers", count=2).start()
+    try:
+        key, _ = await c.key(1_000_000)
+        client = c.clients(key, count=1)[0]
+        stream = await client.chat.completions.create(model="demo/echo", stream=True,
+                                                      messages=[{"role": "user", "content": "a long answer please"}])
+        async for _ in stream:
+            break
+        assert (await scrape(c.urls[0]))[("gateway_holds_open", ())] == 1
+        (pid,) = await c.open_holds_by_pid()
+        c.kill9(pid)
+        with pytest.raises(openai.APIConnectionError):
+            async for _ in stream:
+                pass
+        deadline = time.monotonic() + 15
+        while not (len(now := c.serving_pids()) == 2 and pid not in now):      # replaced by the supervisor
+            assert time.monotonic() < deadline, c.logs()
+            await asyncio.sleep(0.1)
+        assert (await scrape(c.urls[0]))[("gateway_holds_open", ())] == 0
+    finally:
+        await c.stop()
