@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 
 import aiohttp
 import orjson
@@ -23,15 +24,17 @@ import config as config_mod
 from config.check import check as check_config
 from plugins import acall_all, get_plugin_manager, workers
 from plugins.appstate import (
-    BACKGROUND, CONFIG, FORMATS, HTTP, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, STORE,
+    BACKGROUND, CONFIG, FORMATS, HTTP, NO_SPANS, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, SPANS, STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import NOT_RETRYABLE, GatewayError, StartupError
 from plugins.pipeline import finish, run_call, succeeded
 from plugins.pricing import CHAT as CHAT_PRICER
 from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, openai_error_body
+from plugins.redis_link import redis_url
 from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
+from providers.base import UpstreamError
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )
@@ -46,7 +49,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=None) -> web.Application:
     pm = pm or get_plugin_manager(cfg.plugins, plugins_dir)
     app = web.Application(middlewares=[request_context, errors_to_json], client_max_size=MAX_BODY_BYTES)
-    app[CONFIG], app[PM], app[BACKGROUND] = cfg, pm, set()
+    app[CONFIG], app[PM], app[BACKGROUND], app[SPANS] = cfg, pm, set(), NO_SPANS
 
     types: dict[str, type] = {}
     pm.hook.gateway_register_providers(register=lambda cls: types.setdefault(cls.type_name, cls))
@@ -81,12 +84,15 @@ async def _database(app: web.Application):
 async def _http_session(app: web.Application):
     # One session for every upstream call; per-provider timeouts are set per request.
     connector = aiohttp.TCPConnector(limit=1000, limit_per_host=500, ttl_dns_cache=300)
+    traces = [tc for found in app[PM].hook.gateway_client_trace_configs(app=app) for tc in found or ()]
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                                    json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=True)
+                                    json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=True,
+                                    trace_configs=traces or None)
     app[HTTP] = session
     app[PROVIDERS] = {p.name: app[PROVIDER_TYPES][p.type](p, session) for p in app[CONFIG].providers.values()}
     missing = {name: p.config.unset_env.get("api_key") or f"providers.{name}.api_key"
                for name, p in app[PROVIDERS].items() if p.unavailable_reason()}
+    log.info("providers", ready=[name for name in app[PROVIDERS] if name not in missing])
     if missing:        # their models are unlisted and refused until the operator sets what is named
         log.warning("providers_without_keys", set=missing)
     yield
@@ -105,10 +111,18 @@ async def _background_tasks(app: web.Application):
 
 @web.middleware
 async def request_context(request: web.Request, handler):
-    request_id = request.headers.get("X-Request-Id") or new_id()
+    """Every request gets the gateway's own id: the `X-Request-Id` answered, the logs'
+    `request_id` and, for a call, its usage row's id (unique, so never the client's). An id
+    the client sent (`X-Request-Id` or `X-Client-Request-Id`) is logged beside it."""
+    request_id = new_id()
     request[REQUEST_ID] = request_id
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path)
+    client_id = request.headers.get("X-Client-Request-Id") or request.headers.get("X-Request-Id")
+    if client_id:
+        structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path,
+                                               client_request_id=client_id[:128])
+    else:
+        structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path)
     return await handler(request)
 
 
@@ -180,7 +194,8 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     try:
         first = await events.__anext__()        # upstream errors surface here, before any byte
     except StopAsyncIteration:
-        raise GatewayError(502, f"{ctx.route.provider.name} sent an empty stream") from None
+        raise UpstreamError(502, f"{ctx.route.provider.name} sent an empty stream") from None
+    ctx.first_token_seconds = time.monotonic() - ctx.started
     writer = fmt.stream_writer(ctx)
     resp = web.StreamResponse(headers={**SSE_HEADERS, **ctx.response_headers})
     await resp.prepare(request)
@@ -210,12 +225,13 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 ev = await events.__anext__()
             except StopAsyncIteration:
                 if ctx.outcome != OK:
-                    raise GatewayError(502, f"{ctx.route.provider.name} ended the stream early") from None
+                    raise UpstreamError(502, f"{ctx.route.provider.name} ended the stream early") from None
                 break
         if pending:                              # what followed the end (a same-format upstream's last frame)
             await resp.write(b"".join(pending))
     except GatewayError as err:                 # upstream failed mid-stream: never charged
-        ctx.outcome, ctx.error = FAILED, err.message
+        ctx.outcome = FAILED
+        ctx.note_error(err)
         await finish(ctx)
         log.warning("stream_failed", error=err.message)
         try:
@@ -267,8 +283,10 @@ def cmd_run(args) -> int:
         pass
     if workers.is_worker():
         app.cleanup_ctx.append(workers.parent_watch)
+    redis = redis_url(cfg)
     log.info("starting", host=host, port=port, public_url=cfg.server.public_url, config=cfg.path,
-             database=config_mod.redact_url(cfg.storage_url), chat_models=len(cfg.chat_models),
+             database=config_mod.redact_url(cfg.storage_url), redis=config_mod.redact_url(redis) if redis else None,
+             chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
         asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))

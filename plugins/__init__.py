@@ -60,6 +60,9 @@ DEFAULT_PLUGINS = (
     "plugins.admin.cli",
     "plugins.dashboard",
     "plugins.openapi",
+    "plugins.health",
+    "plugins.metrics",
+    "plugins.tracing",
 )
 
 # Hooks called per request through acall_first / acall_all: never wrappers.
@@ -72,6 +75,7 @@ PIPELINE_HOOKS = (
     "gateway_reserve",
     "gateway_settle",
     "gateway_record_usage",
+    "gateway_call_refused",
     "gateway_request_wrapper",
     "gateway_account_info",
 )

@@ -3,6 +3,7 @@ gateway.py so plugins never import the core (which may be running as __main__)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import date, datetime, timezone
 
@@ -32,6 +33,28 @@ def now(app: web.Application) -> float:
 
 def utc_today(app: web.Application) -> date:
     return datetime.fromtimestamp(now(app), timezone.utc).date()
+
+
+class Spans:
+    """Where the pipeline opens a span per stage (plugins.tracing replaces it when traces
+    are on). This default opens none: a stage costs one shared no-op `with`."""
+    _none = contextlib.nullcontext()
+
+    def stage(self, name: str):
+        """Around one pipeline stage ("authenticate", "reserve", "settle", ...)."""
+        return self._none
+
+    def call(self, ctx):
+        """Around the upstream work of a call (the provider, the relay)."""
+        return self._none
+
+    def client_trace_configs(self) -> list:
+        """aiohttp TraceConfigs for the upstream session (a span per upstream request)."""
+        return []
+
+
+NO_SPANS = Spans()
+SPANS = web.AppKey("spans", Spans)
 
 
 def spawn(app: web.Application, coro) -> asyncio.Task:

@@ -15,6 +15,7 @@ from . import allowance, hookimpl, keypolicy, usage
 from .appstate import STORE, spawn
 from .context import CLIENT_GONE, OK, CallContext, Hold
 from .errors import GatewayError
+from .metrics.instruments import HOLDS_OPEN
 from .pricing import billed_output
 from .storage import HoldRequest, KeySpendLimitReached, Settlement, split_charge
 
@@ -42,6 +43,7 @@ async def gateway_reserve(ctx: CallContext):
         have = await ledger.balance(p.account_id)
         raise GatewayError(402, f"balance ${usd(have):.6f} does not cover {ctx.pricer.shortfall(ctx, amount)}; "
                                 "lower the request or add credits", code="insufficient_credits")
+    HOLDS_OPEN.inc()
     return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
                 data={"free": reserved.free_micro, "reserved": reserved})
 
@@ -82,16 +84,23 @@ async def gateway_settle(ctx: CallContext):
     hold = ctx.hold
     if hold is None or hold.kind != "credits" or hold.settled:
         return
+    try:
+        await _settle(ctx, hold)
+    finally:
+        HOLDS_OPEN.dec()
+
+
+async def _settle(ctx: CallContext, hold: Hold) -> None:
     reserved = hold.data["reserved"]
     charge, cost = charge_for(ctx)
     eligible = allowance.eligible(ctx, hold.input_tokens, pricing_output(ctx)) if reserved.free_micro else 0
     charged, free_use = split_charge(reserved, charge, eligible)
-    ctx.charge_micro = charged
+    ctx.charge_micro, ctx.free_micro = charged, free_use
     ctx.billing = ctx.pricer.billing(ctx, charged, cost, note_for(ctx, charged, free_use))
     if not await ctx.request.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, usage.row(ctx))):
         # Released meanwhile: this process stopped renewing its lease long enough for another
         # to take it for dead. The refund (and a usage row) went out then; the call is free.
-        ctx.charge_micro = 0
+        ctx.charge_micro = ctx.free_micro = 0
         ctx.billing = ctx.pricer.billing(ctx, 0, cost, "not charged: the hold had expired before settlement")
     usage.mark_written(ctx)
     hold.settled = True

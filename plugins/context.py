@@ -100,11 +100,16 @@ class CallContext:
     usage: Usage | None = None         # what the upstream reported (None if it never did)
     output_chars: int = 0              # produced so far, for estimates when usage is missing
     media_files: list | None = None    # media results produced (images are charged per file)
-    charge_micro: int = 0
+    charge_micro: int = 0              # charged (credits, or the x402 payment)
+    free_micro: int = 0                # covered by the daily free allowance
     billing: dict[str, Any] = field(default_factory=dict)   # the billing block
     response_headers: dict[str, str] = field(default_factory=dict)  # e.g. x402 settlement
     error: str | None = None
+    upstream_error: str | None = None  # the kind (error code) when the upstream failed the call
     started: float = field(default_factory=time.monotonic)
+    upstream_started: float = 0.0      # monotonic time the upstream stage began
+    upstream_seconds: float = 0.0      # from then until the answer was complete (settlement began)
+    first_token_seconds: float = 0.0   # streams: from the request to the first upstream event
     created_at: int = field(default_factory=lambda: int(time.time()))   # Unix time, for response bodies
     rate_taken: Any = None             # rate-limit tokens to give back once usage is known
     usage_written: bool = False        # the usage row was written (with the settlement)
@@ -115,6 +120,12 @@ class CallContext:
     def endpoint(self) -> str:
         """The endpoint's short name recorded with usage ("chat.completions", "images.generations", ...)."""
         return self.format.endpoint
+
+    def note_error(self, err) -> None:
+        """The upstream stage failed with GatewayError `err`, which may have come from the upstream."""
+        self.error = err.message
+        if err.from_upstream:
+            self.upstream_error = err.code or "upstream_error"
 
     @property
     def has_key(self) -> bool:

@@ -31,6 +31,7 @@ class GatewayError(Exception):
 
     `charged` is always False: 4xx, 422 and 502 are never billed (SPEC section 7).
     """
+    from_upstream = False       # True for a failure of the upstream (providers.base.UpstreamError)
 
     def __init__(self, status: int, message: str, *, type: str | None = None,
                  code: str | None = None, param: str | None = None,

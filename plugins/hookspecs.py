@@ -80,6 +80,21 @@ def gateway_register_migrations(register):
 
 
 @hookspec
+def gateway_register_readiness_checks(app, register):
+    """App creation, after `gateway_configure`. Call `register(name, check)` for each store
+    or service the gateway cannot serve without; `check(app)` is async and raises (or
+    times out) when it is not answering. `GET /readyz` runs them all, each with a short
+    deadline, and answers 503 naming the failing ones."""
+
+
+@hookspec
+def gateway_client_trace_configs(app):
+    """App start, when the shared upstream ClientSession is made. Return a list of
+    `aiohttp.TraceConfig` to attach to it (e.g. spans per upstream request), or None.
+    All run."""
+
+
+@hookspec
 def gateway_startup(app):
     """After the database and HTTP session are open, before serving. May be async.
     All implementations run (e.g. release holds a crash left behind)."""
@@ -129,6 +144,13 @@ def gateway_settle(ctx):
 @hookspec
 def gateway_record_usage(ctx):
     """After settlement: record the call (usage rows, metrics, logs). All run."""
+
+
+@hookspec
+def gateway_call_refused(ctx, error):
+    """A call was refused before its upstream stage (a stage raised `error`, a GatewayError:
+    401, 402 challenge, 422, 429, ...); it has no settlement and no usage row. Observe it
+    (metrics, logs); must not raise. All run; may be async."""
 
 
 @hookspec

@@ -27,6 +27,7 @@ from . import hookimpl
 from .appstate import HTTP, PROVIDERS
 from .context import CallContext
 from .errors import GatewayError
+from .metrics.instruments import MODERATION_REFUSALS
 
 MODERATION = web.AppKey("moderation", object)
 log = structlog.get_logger("moderation")
@@ -93,6 +94,7 @@ def texts(ctx: CallContext) -> str:
 
 
 def flagged(category: str, how: str) -> GatewayError:
+    MODERATION_REFUSALS[how].inc()
     return GatewayError(422, f"the request was refused by moderation (category: {category}); it was not "
                              f"processed and nothing was charged", code="moderation_flagged", param=category,
                         extra={"moderation": {"category": category, "by": how}})

@@ -5,7 +5,11 @@
 
 `run_call` owns the order, error rendering and settlement; an endpoint supplies only how to
 prepare its call and how to serve it. `finish` settles and records a call exactly once, in
-a tracked task that survives a cancelled handler."""
+a tracked task that survives a cancelled handler.
+
+The call id is the request id the client sees (`X-Request-Id`), the id in the per-call log
+line and the usage row's id. Each stage runs inside a span of the app's `SPANS` (nothing
+unless tracing is on, see plugins/tracing)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +23,8 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from . import acall_all, acall_first, around
-from .appstate import PM, REQUEST_ID, spawn, utc_today
-from .context import OK, CallContext, new_id
+from .appstate import PM, REQUEST_ID, SPANS, spawn, utc_today
+from .context import OK, CallContext
 from .errors import GatewayError, bad_request, model_not_available, model_retired
 from .formats.base import ClientFormat, read_json
 
@@ -34,31 +38,41 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
     """Run one call: `prepare(ctx, body)` fills the call from the request body, then the
     stages run, then `serve(ctx)` does the upstream work and answers. Any refusal or
     failure becomes the format's own error shape; settlement happens exactly once."""
-    ctx = CallContext(request=request, format=fmt, call_id=new_id())
+    ctx = CallContext(request=request, format=fmt, call_id=request[REQUEST_ID])
+    spans = request.app[SPANS]
     try:
-        prepare(ctx, await read_json(request))
+        with spans.stage("parse"):
+            prepare(ctx, await read_json(request))
         async with around(request.app[PM], ctx):
-            await run_stages(ctx)
-            async with upstream_call(ctx):
-                return await serve(ctx)
+            await run_stages(ctx, spans)
+            with spans.call(ctx):
+                async with upstream_call(ctx):
+                    return await serve(ctx)
     except GatewayError as err:
-        log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
-        return fmt.error_response(err, request.get(REQUEST_ID))
+        if ctx.finish_task is None:       # refused before the upstream stage: no settlement, no usage row
+            log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
+            await acall_all(request.app[PM].hook.gateway_call_refused, ctx=ctx, error=err)
+        return fmt.error_response(err, ctx.call_id)
 
 
-async def run_stages(ctx: CallContext) -> None:
+async def run_stages(ctx: CallContext, spans) -> None:
     """Everything before the upstream call; raises GatewayError to refuse."""
     hook = ctx.request.app[PM].hook
-    ctx.principal = await acall_first(hook.gateway_authenticate, ctx=ctx)
-    await acall_all(hook.gateway_admit, ctx=ctx)
-    await acall_all(hook.gateway_moderate, ctx=ctx)
-    ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
-    if ctx.route is None:
-        raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
-    check_servable(ctx)
-    ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
-    if ctx.hold is None:
-        raise GatewayError(402, "this call cannot be paid for: send an API key")
+    with spans.stage("authenticate"):
+        ctx.principal = await acall_first(hook.gateway_authenticate, ctx=ctx)
+    with spans.stage("admit"):
+        await acall_all(hook.gateway_admit, ctx=ctx)
+    with spans.stage("moderate"):
+        await acall_all(hook.gateway_moderate, ctx=ctx)
+    with spans.stage("route"):
+        ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
+        if ctx.route is None:
+            raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
+        check_servable(ctx)
+    with spans.stage("reserve"):
+        ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
+        if ctx.hold is None:
+            raise GatewayError(402, "this call cannot be paid for: send an API key")
 
 
 def check_servable(ctx: CallContext) -> None:
@@ -78,10 +92,12 @@ def check_servable(ctx: CallContext) -> None:
 async def upstream_call(ctx: CallContext):
     """Around the provider call: a GatewayError is recorded on the call, and the call is
     settled exactly once however it ends (success, failure, or a client that left)."""
+    ctx.upstream_started = time.monotonic()
     try:
         yield
     except GatewayError as err:
-        ctx.status, ctx.error = err.status, err.message
+        ctx.status = err.status
+        ctx.note_error(err)
         raise
     finally:
         await finish(ctx)
@@ -96,16 +112,32 @@ async def succeeded(ctx: CallContext) -> None:
 async def finish(ctx: CallContext) -> None:
     """Settle and record once, in a tracked task that survives a cancelled handler."""
     if ctx.finish_task is None:
+        if ctx.upstream_started:
+            ctx.upstream_seconds = time.monotonic() - ctx.upstream_started
         ctx.finish_task = spawn(ctx.request.app, _settle_and_record(ctx))
     await asyncio.shield(ctx.finish_task)
 
 
 async def _settle_and_record(ctx: CallContext) -> None:
     hook = ctx.request.app[PM].hook
-    try:
-        await acall_all(hook.gateway_settle, ctx=ctx)
-    finally:
-        await acall_all(hook.gateway_record_usage, ctx=ctx)
-        log.info("call", endpoint=ctx.endpoint, model=ctx.route.model.id if ctx.route else None,
-                 outcome=ctx.outcome, status=ctx.status, usd_micro=ctx.charge_micro,
-                 ms=round((time.monotonic() - ctx.started) * 1000, 1))
+    with ctx.request.app[SPANS].stage("settle"):
+        try:
+            await acall_all(hook.gateway_settle, ctx=ctx)
+        finally:
+            await acall_all(hook.gateway_record_usage, ctx=ctx)
+            log_call(ctx)
+
+
+def log_call(ctx: CallContext) -> None:
+    """The one line per call an operator reads: who, what was asked and served, tokens,
+    money and time. `request_id` (bound per request) is the usage row's call id."""
+    p, route, billing = ctx.principal, ctx.route, ctx.billing
+    log.info("call", endpoint=ctx.endpoint, account_id=p.account_id if p else None,
+             key_prefix=p.key_prefix if p else None, requested_model=ctx.model_id[:200],
+             model=route.model.id if route else None, provider=route.provider.name if route else None,
+             outcome=ctx.outcome, status=ctx.status, payment=ctx.hold.kind if ctx.hold else None,
+             input_tokens=billing.get("input_tokens_billed"), output_tokens=billing.get("output_tokens_billed"),
+             usd_micro=ctx.charge_micro, free_usd_micro=ctx.free_micro,
+             upstream_ms=round(ctx.upstream_seconds * 1000, 1),
+             first_token_ms=round(ctx.first_token_seconds * 1000, 1) if ctx.first_token_seconds else None,
+             ms=round((time.monotonic() - ctx.started) * 1000, 1), error=ctx.error)

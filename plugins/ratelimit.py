@@ -24,6 +24,7 @@ from . import hookimpl
 from .context import CallContext
 from .errors import GatewayError
 from .limitstores import Bucket, LimitStore, MemoryLimits, RedisLimits
+from .metrics.instruments import RATE_LIMITED
 from .pricing import input_estimate
 from .redis_link import REDIS
 
@@ -118,6 +119,7 @@ async def gateway_admit(ctx: CallContext):
 
 
 def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) -> GatewayError:
+    RATE_LIMITED[kind].inc()
     retry = max(1, math.ceil(wait))
     what = f"{limit:g} requests a minute" if kind == "requests" else \
         f"{limit:g} tokens a minute (this call needs {cost:,}: input estimate + max_tokens)"

@@ -48,6 +48,16 @@ def gateway_configure(app, config):
         app.cleanup_ctx.append(_connect)
 
 
+@hookimpl
+def gateway_register_readiness_checks(app, register):
+    if REDIS_URL in app:
+        register("redis", _answers)
+
+
+async def _answers(app: web.Application) -> None:
+    await app[REDIS].ping()
+
+
 async def _connect(app: web.Application):
     url = app[REDIS_URL]
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, timeout=10,

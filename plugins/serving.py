@@ -91,5 +91,7 @@ async def serve(app: web.Application, host: str, port: int, settings, *, reuse_p
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        log.info("stopping", host=host, port=port)
     finally:
         await runner.cleanup()
+        log.info("stopped", host=host, port=port)

@@ -9,6 +9,8 @@ Redis anywhere).
   (in-flight calls finish, holds settle), then the parent exits.
 - Children never outlive the parent: the kernel sends them SIGTERM if it dies
   (PR_SET_PDEATHSIG), and each child also watches its parent and stops when it is gone.
+- Metrics: the children share one prometheus-client multi-process folder, so a scrape of
+  any of them answers for all (plugins/metrics/multiproc.py).
 - A child that dies is started again. One that fails `MAX_QUICK_FAILURES` times in a row
   within `SETTLE_SECONDS` of its start (an unreachable database, say) stops the whole
   group with its exit code.
@@ -25,6 +27,8 @@ import sys
 import time
 
 import structlog
+
+from .metrics import multiproc
 
 WORKER_OF = "GATEWAY_WORKER_OF"      # set in each child: the supervisor's pid
 SETTLE_SECONDS = 5.0                  # a child that dies sooner than this after its start failed to start
@@ -92,6 +96,7 @@ class Supervisor:
                 code = proc.poll()
                 if code is None or self.stopping:
                     continue
+                multiproc.worker_gone(proc.pid)
                 quick = time.monotonic() - started < SETTLE_SECONDS
                 quick_failures[slot] = quick_failures[slot] + 1 if quick else 0
                 if quick_failures[slot] >= MAX_QUICK_FAILURES:
@@ -118,7 +123,8 @@ def supervise(argv: list[str], count: int, host: str, port: int) -> int:
     held, port = reserve_port(host, port)
     try:
         log.info("workers", count=count, host=host, port=port)
-        return Supervisor([*argv, "--host", host, "--port", str(port)], count).run()
+        with multiproc.shared_folder():
+            return Supervisor([*argv, "--host", host, "--port", str(port)], count).run()
     finally:
         held.close()
 

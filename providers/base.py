@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 class UpstreamError(GatewayError):
     """The upstream failed or refused. Never charged."""
+    from_upstream = True
 
     def __init__(self, status: int, message: str, *, code: str = "upstream_error",
                  retry_after: str | None = None):

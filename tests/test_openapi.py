@@ -47,7 +47,10 @@ ADMIN_ROUTES = [("get", "/api/v1/admin/accounts"), ("post", "/api/v1/admin/accou
                 ("get", "/api/v1/admin/usage/summary"), ("get", "/api/v1/admin/ledger")]
 
 # Statuses the document lists (they are true) that this test does not produce, and why.
-NOT_EXERCISED: dict[tuple[str, str, str], str] = {}
+METRICS_TOKEN = "metrics-scrape-token"
+NOT_EXERCISED: dict[tuple[str, str, str], str] = {
+    ("get", "/readyz", "503"): "needs a store that stops answering: tests/test_health.py stops a real Redis",
+}
 
 
 def pointer(*parts: str) -> str:
@@ -200,7 +203,8 @@ async def served(aiohttp_server, start_gateway, monkeypatch, tmp_path):
         **common, "limits": {"per_key": {"rpm": 1}, "per_address": {"rpm": 1}},
         "providers": {**common["providers"], "down": {"type": "openai", "base_url": "http://127.0.0.1:9/v1",
                                                       "api_key": "unused"}},
-        "moderation": {**RULES, "provider": {"provider": "down"}, "fail_closed": True}})
+        "moderation": {**RULES, "provider": {"provider": "down"}, "fail_closed": True},
+        "metrics": {"token": METRICS_TOKEN}})
     documented = await fetch_document(gw)
     return Client(gw, documented), Client(strict, documented), upstream, renders
 
@@ -467,6 +471,8 @@ async def admin_routes(c: Client, key: str) -> str:
 
 async def page_routes(c: Client) -> None:
     await c.http("GET", "/api/v1/openapi.json", 200)
+    for probe in ("/healthz", "/readyz", "/metrics"):
+        await c.http("GET", probe, 200)
     for page, files in (("docs", ("docs.js", "docs.css")), ("dashboard", ("app.js", "style.css"))):
         await c.http("GET", f"/{page}", 200)
         await c.http("GET", f"/{page}/", 200)
@@ -487,6 +493,8 @@ async def tightest_limits(strict: Client) -> None:
         key, _ = await strict.gw.key(5)
         await strict.http("POST", route, 503, body=body, key=key)
         await strict.http("POST", route, 429, body=body, key=key)
+    await strict.http("GET", "/metrics", 401)                      # the strict gateway sets a metrics token
+    await strict.http("GET", "/metrics", 200, key=METRICS_TOKEN)
     purchase, register = "/api/v1/account/credits/purchase", "/api/v1/account/agents/register"
     key, _ = await strict.gw.key(5)
     await strict.http("POST", purchase, 503, body={"usd": 5}, key=key)

@@ -18,6 +18,7 @@ import orjson
 import structlog
 
 from plugins.errors import GatewayError
+from plugins.metrics.instruments import X402
 from plugins.storage import PaymentClaim, Storage, now
 
 from . import upto
@@ -96,6 +97,7 @@ class Paywall:
         if not verdict.get("isValid"):
             reason = verdict.get("invalidReason") or "invalid_payment"
             raise self._refusal(offers, resource, reason, f"the facilitator refused the payment ({reason})")
+        X402["verified"].inc()
         recoverable = metered or purchase is not None
         accepted = Accepted(payment, offer, payer or str(verdict.get("payer") or ""), key, resource,
                             recoverable=recoverable)
@@ -152,6 +154,8 @@ class Paywall:
         raise first
 
     def _refusal(self, offers, resource, reason: str, message: str) -> GatewayError:
+        """A payment was sent and is refused before any work."""
+        X402["refused"].inc()
         err = challenge(offers, resource, f"payment refused ({reason}): {message}")
         err.code = reason
         return err
@@ -186,9 +190,11 @@ class Paywall:
         if amount is not None:
             requirement = {**requirement, "amount": str(amount)}
         try:
-            return await self.post("settle", version, payload, requirement, http)
+            result = await self.post("settle", version, payload, requirement, http)
         except GatewayError as err:
-            return {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
+            result = {"success": False, "errorReason": "facilitator_unavailable", "errorMessage": err.message}
+        X402["settled" if result.get("success") else "settle_failed"].inc()
+        return result
 
     async def settle(self, accepted: Accepted, store: Storage, http: aiohttp.ClientSession,
                      amount: int | None = None, *, record_success: bool = True) -> dict[str, Any]:
