@@ -3,7 +3,8 @@
 #   docker run -p 8080:8080 -v gateway-data:/data gateway
 # The embedded default listens on 0.0.0.0 here (GATEWAY_HOST) and keeps its SQLite
 # database and media artifacts in /data. Give your own config with
-#   -v ./gw.yaml:/etc/gateway/gateway.yaml:ro ... gateway run --config /etc/gateway/gateway.yaml
+#   docker run -p 8080:8080 -v gateway-data:/data -v "$PWD/gw.yaml:/etc/gateway/gateway.yaml:ro" \
+#       gateway gateway run --config /etc/gateway/gateway.yaml
 # (its server.host must be 0.0.0.0 to be reachable from outside the container).
 
 # Stage 1: build dist/gateway.pyz for this image's Python, with the same script as on a host.
