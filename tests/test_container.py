@@ -1,7 +1,8 @@
 """The container files, checked without a container engine: the Dockerfile passes hadolint
 (the linter's own binary, from the test extras) and keeps the rules an operator relies on;
 the build context holds what the Dockerfile copies; compose.yaml builds this image and
-waits on healthy stores. The image's artifact itself is what tests/test_pyz.py runs."""
+waits on healthy stores. tests/test_pyz.py builds the image's artifact from the same build
+context (build_context() below) and runs it."""
 from __future__ import annotations
 
 import re
@@ -100,20 +101,41 @@ def ignored(path: str, patterns: list[str]) -> bool:
     return result
 
 
+def dockerignore() -> list[str]:
+    return [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def copied_sources() -> list[str]:
+    """What the build stage's COPY lines name; each lands at the same relative path."""
+    sources = []
+    for op, args in stages()[0]:
+        if op == "COPY":
+            *words, target = [word for word in args.split() if not word.startswith("--")]
+            assert target == "./" or words == [target], args
+            sources += words
+    return sources
+
+
+def files_under(source: str) -> list[str]:
+    path = ROOT / source
+    assert path.exists(), source
+    return [source] if path.is_file() else sorted(
+        p.relative_to(ROOT).as_posix() for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def build_context() -> list[str]:
+    """The files the image's build stage copies from the context, after .dockerignore."""
+    patterns = dockerignore()
+    return [name for source in copied_sources() for name in files_under(source) if not ignored(name, patterns)]
+
+
 def test_the_build_context_holds_what_is_copied_and_nothing_local():
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    build, _final = stages()
-    copied = [word for op, args in build if op == "COPY" for word in args.split()[:-1] if not word.startswith("--")]
-    assert "scripts/build-pyz" in copied
-    for source in copied:
-        assert (ROOT / source).exists(), source
-        files = [source] if (ROOT / source).is_file() else \
-            [p.relative_to(ROOT).as_posix() for p in (ROOT / source).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-        assert [f for f in files if ignored(f, patterns)] == [], source
+    assert "scripts/build-pyz" in copied_sources()
+    assert build_context() == [name for source in copied_sources() for name in files_under(source)]
     for local in (".venv/bin/python", ".git/HEAD", "dist/gateway.pyz", "gateway.db", "tests/test_pyz.py",
                   "plugins/__pycache__/auth.cpython-311.pyc"):
-        assert ignored(local, patterns), local
+        assert ignored(local, dockerignore()), local
 
 
 def test_the_image_carries_what_the_build_stage_makes():

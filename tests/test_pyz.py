@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.gateway_process import free_port
+from tests.test_container import build_context
 
 ROOT = Path(__file__).resolve().parent.parent
 # The interpreter the virtualenv was made from: it has the standard library and nothing else
@@ -34,12 +35,18 @@ pytestmark = pytest.mark.timeout(300)      # the build, then the first start unp
 
 
 @pytest.fixture(scope="module")
-def pyz() -> Path:
-    """Built once per session, by the script a user runs, for this interpreter's version."""
-    built = subprocess.run([str(ROOT / "scripts" / "build-pyz")], cwd=ROOT, capture_output=True, text=True,
+def pyz(tmp_path_factory) -> Path:
+    """Built once per module by the script a user runs, in a copy of the image's build context
+    (what the Dockerfile copies, less .dockerignore): so the image's build stage has all it
+    needs, and the source tree is left as it was."""
+    context = tmp_path_factory.mktemp("context")
+    for name in build_context():
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, context / name)
+    built = subprocess.run([str(context / "scripts" / "build-pyz")], cwd=context, capture_output=True, text=True,
                            timeout=600, env={**os.environ, "PYTHON": sys.executable})
     assert built.returncode == 0, built.stderr[-3000:]
-    return ROOT / "dist" / "gateway.pyz"
+    return context / "dist" / "gateway.pyz"
 
 
 @pytest.fixture(scope="module")
