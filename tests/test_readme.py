@@ -22,7 +22,8 @@ SKIPPED_ON_PURPOSE = {"the set-up commands: this suite is what they run",
                       "needs network access to GitHub",
                       "needs a funded wallet and an x402 facilitator",
                       "installs a system package and runs for minutes",
-                      "needs a container engine"}
+                      "needs a container engine",
+                      "builds the one-file binary: tests/test_pyz.py builds and runs it"}
 
 
 def blocks() -> list[tuple[str, str, str | None]]:
