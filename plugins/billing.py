@@ -26,11 +26,9 @@ async def gateway_reserve(ctx: CallContext):
         return None
     amount, tokens_in, cap = ctx.pricer.reserve(ctx)
     ledger = ctx.request.app[STORE].ledger
-    p, route = ctx.principal, ctx.route
+    p = ctx.principal
     request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), key_id=p.key_id,
-                          agent_id=p.agent_id, endpoint=ctx.endpoint,
-                          requested_model=route.requested_model if route else ctx.model_id,
-                          model=route.model.id if route else None, key_limit=keypolicy.limit_for(p.policy))
+                          agent_id=p.agent_id, key_limit=keypolicy.limit_for(p.policy), **usage.labels(ctx))
     pending = asyncio.ensure_future(ledger.reserve(request))
     try:
         reserved = await asyncio.shield(pending)

@@ -25,6 +25,15 @@ def row(ctx: CallContext) -> UsageRow:
                     created_at=now())
 
 
+def labels(ctx: CallContext) -> dict[str, str | None]:
+    """What a usage row says about a call before it ran (endpoint, requested and served
+    model), recorded with its hold or x402 payment so a `crashed` row can be written if its
+    process dies."""
+    route = ctx.route
+    return {"endpoint": ctx.endpoint, "requested_model": route.requested_model if route else ctx.model_id,
+            "model": route.model.id if route else None}
+
+
 def mark_written(ctx: CallContext) -> None:
     """The row went out with the call's settlement: don't write it again."""
     ctx.usage_written = True

@@ -2,6 +2,7 @@
 real PostgreSQL server): money exact to the micro-USD under concurrency, settlement once
 per call, holds owned and leased, keys, usage, agents, the allowance and x402 claims."""
 import asyncio
+import json
 import time
 
 import pytest
@@ -220,6 +221,34 @@ async def test_a_dead_process_payment_is_adopted_by_exactly_one_other(url, stora
     assert await storage.payments.unfinished(at=later + 100) == []
     assert tuple(await storage.fetchone("SELECT status, amount, usd_micro FROM x402_payments")) == \
         ("settled", "1200", 1_200)
+
+
+@pytest.mark.parametrize("owed", [None, 1_200], ids=["never-priced", "priced"])
+async def test_a_dead_process_call_payment_is_finished_with_one_crashed_usage_row(url, storage, owed):
+    claim = PaymentClaim("k1", "base", "usdc", "0xpayer", "5000", 5_000, "call-1", scheme="upto",
+                         settle_with="{}", deadline=2_000_000_000, endpoint="chat.completions",
+                         requested_model="cheap", model="up/gpt")
+    assert await storage.payments.claim(claim)
+    if owed:
+        await storage.payments.owe("k1", owed, owed)                  # priced, then the process died
+    end = ("settled", "0xtx", None, {"amount": owed}) if owed else \
+        ("unused", None, "crashed_before_priced", {"amount": 0, "usd_micro": 0})
+    others = [await open_storage(url, [], instance_id=f"other-{i}") for i in range(3)]
+    try:
+        finished = await asyncio.gather(*[o.payments.finish_crashed("k1", *end[:3], note="it stopped", **end[3])
+                                          for o in others])
+        assert sorted(finished) == [False, False, True]               # exactly one finishes it
+    finally:
+        for o in others:
+            await o.close()
+    assert not await storage.payments.finish_crashed("k1", "settle_failed", note="again")   # finished: no-op
+    (row,) = await storage.fetchall("SELECT call_id, account_id, key_id, endpoint, requested_model, model, "
+                                    "usd_micro, outcome, billing FROM usage")
+    assert tuple(row)[:8] == ("call-1", None, None, "chat.completions", "cheap", "up/gpt", owed or 0, CRASHED)
+    billing = json.loads(row[8])
+    assert (billing["payment"], billing["payer"], billing["usd"], billing["note"]) == \
+        ("x402", "0xpayer", (owed or 0) / 1_000_000, "it stopped")
+    assert tuple(await storage.fetchone("SELECT status, usd_micro FROM x402_payments")) == (end[0], owed or 0)
 
 
 async def test_a_paid_render_is_orphaned_only_once_its_payment_outlived_its_process(storage):

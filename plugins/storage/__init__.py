@@ -9,7 +9,9 @@ plain data (e.g. a `Settlement`), never a callback.
 Holds have an owner and a lease: each process has an `instance_id`; a hold records it and
 a lease (`lease_until`) the process renews for all its open holds while it runs. Only a
 hold whose lease expired is released by someone else (a crash), and then with a usage
-row whose outcome is `crashed` and whose charge is zero.
+row whose outcome is `crashed` and whose charge is zero. A call paid per request with
+x402 has no hold: its payment row has the owner and lease, and the usage row is written
+when that payment is finished (plugins/x402/recovery.py).
 """
 from __future__ import annotations
 
@@ -144,6 +146,13 @@ class Payments(Protocol):
                      amount: int | None = None, usd_micro: int | None = None) -> None:
         """Status after the work: settled | settle_failed | unused; an upto settlement also
         records what was actually taken (`amount` atomic units worth `usd_micro`)."""
+
+    async def finish_crashed(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None,
+                             *, amount: int | None = None, usd_micro: int | None = None, note: str) -> bool:
+        """Finish the payment of a call whose process died, as `record`, and write the call's
+        usage row (outcome `crashed`, charged what was settled, else nothing; `note` says
+        what happened) in the same transaction. False, and nothing written, if the payment
+        was finished already."""
 
     async def renew_leases(self) -> int:
         """Extend the lease of this process's unfinished call payments (one statement)."""

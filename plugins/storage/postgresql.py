@@ -18,8 +18,9 @@ import asyncpg
 
 from . import for_engine, now, statements
 from .records import (
-    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
-    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_usage,
+    PAID_CALL_COLUMNS, USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_paid_usage,
+    crashed_usage,
 )
 from .schema import migrations
 
@@ -93,7 +94,11 @@ async def _close_hold(c, held: Reserved, charge: int, free_use: int, usage: Usag
     if held.credit_micro > charge:
         await _entry(c, held.account_id, held.credit_micro - charge, "release", held.call_id)
     if usage is not None:
-        await c.execute(USAGE_INSERT, *[getattr(usage, f) for f in USAGE_FIELDS])
+        await _write_usage(c, usage)
+
+
+async def _write_usage(c, usage: UsageRow) -> None:
+    await c.execute(USAGE_INSERT, *[getattr(usage, f) for f in USAGE_FIELDS])
 
 
 async def _check_key_limit(c, key_id: int, limit: KeyLimit, credit: int) -> None:
@@ -342,7 +347,7 @@ class PostgresUsage:
         self._pool = pool
 
     async def record(self, row: UsageRow) -> None:
-        await self._pool.execute(USAGE_INSERT, *[getattr(row, f) for f in USAGE_FIELDS])
+        await _write_usage(self._pool, row)
 
     async def recent(self, account_id: int, limit: int = 50) -> list[UsageRow]:
         rows = await self._pool.fetch(f"SELECT {', '.join(USAGE_FIELDS)} FROM usage WHERE account_id = $1 "
@@ -377,6 +382,17 @@ class PostgresAllowance:
                                          account_id, day) or 0
 
 
+async def _finish_payment(c, claim_key: str, status: str, tx: str | None, reason: str | None, amount: int | None,
+                          usd_micro: int | None, *, unfinished_only: bool = False):
+    """Record how a payment ended; -> the payment as `PAID_CALL_COLUMNS`, None if
+    `unfinished_only` and it was finished already."""
+    gate = " AND status IN ('claimed', 'settling')" if unfinished_only else ""
+    return await c.fetchrow(f"UPDATE x402_payments SET status = $1, tx = $2, reason = $3, settled_at = $4, "
+                            f"amount = COALESCE($5, amount), usd_micro = COALESCE($6, usd_micro) "
+                            f"WHERE claim_key = $7{gate} RETURNING {PAID_CALL_COLUMNS}",
+                            status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key)
+
+
 class PostgresPayments:
     def __init__(self, pool: asyncpg.Pool, instance_id: str, lease_seconds: int):
         self._pool, self._owner, self._lease = pool, instance_id, lease_seconds
@@ -387,9 +403,10 @@ class PostgresPayments:
     async def claim(self, c: PaymentClaim) -> bool:
         return _changed(await self._pool.execute(
             "INSERT INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, ref, status, created_at, "
-            "scheme, settle_with, deadline, owner, lease_until) VALUES ($1,$2,$3,$4,$5,$6,$7,'claimed',$8,$9,$10,$11,"
-            "$12,$13) ON CONFLICT (claim_key) DO NOTHING", c.claim_key, c.network, c.asset, c.payer, c.amount,
-            c.usd_micro, c.ref, now(), c.scheme, c.settle_with, c.deadline, self._owner, now() + self._lease)) == 1
+            "scheme, settle_with, deadline, owner, lease_until, endpoint, requested_model, model) VALUES ($1,$2,$3,$4,"
+            "$5,$6,$7,'claimed',$8,$9,$10,$11,$12,$13,$14,$15,$16) ON CONFLICT (claim_key) DO NOTHING", c.claim_key,
+            c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now(), c.scheme, c.settle_with, c.deadline,
+            self._owner, now() + self._lease, c.endpoint, c.requested_model, c.model)) == 1
 
     async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
         await self._pool.execute("UPDATE x402_payments SET status = 'settling', due = $1, usd_micro = $2 "
@@ -397,10 +414,15 @@ class PostgresPayments:
 
     async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
                      amount: int | None = None, usd_micro: int | None = None) -> None:
-        await self._pool.execute(
-            "UPDATE x402_payments SET status = $1, tx = $2, reason = $3, settled_at = $4, "
-            "amount = COALESCE($5, amount), usd_micro = COALESCE($6, usd_micro) WHERE claim_key = $7",
-            status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key)
+        await _finish_payment(self._pool, claim_key, status, tx, reason, amount, usd_micro)
+
+    async def finish_crashed(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None,
+                             *, amount: int | None = None, usd_micro: int | None = None, note: str) -> bool:
+        async with self._pool.acquire() as c, c.transaction():
+            payment = await _finish_payment(c, claim_key, status, tx, reason, amount, usd_micro, unfinished_only=True)
+            if payment is not None:
+                await _write_usage(c, crashed_paid_usage(payment, note, now()))
+            return payment is not None
 
     async def renew_leases(self) -> int:
         return _changed(await self._pool.execute(

@@ -93,15 +93,34 @@ class UsageRow:
 USAGE_FIELDS = tuple(f.name for f in fields(UsageRow))
 
 
-def crashed_usage(hold, at: int) -> UsageRow:
-    """The usage row of a call whose process died before settling it: what the hold knew,
-    no charge. `hold` has the holds table's columns (a row from either engine)."""
-    note = "the gateway process serving this call stopped before it finished; its hold was released, " \
-           "nothing was charged"
-    return UsageRow(call_id=hold["call_id"], account_id=hold["account_id"], key_id=hold["key_id"],
-                    agent_id=hold["agent_id"], endpoint=hold["endpoint"] or "unknown",
-                    requested_model=hold["requested_model"], model=hold["model"], outcome=CRASHED,
-                    billing=json.dumps({"model": hold["model"], "usd": 0.0, "note": note}), created_at=at)
+HOLD_RELEASED = ("the gateway process serving this call stopped before it finished; its hold was released, "
+                 "nothing was charged")
+
+# A call's x402 payment row read with the names a usage row needs (the payment has no hold):
+# `RETURNING` this from the update that finishes the payment of a call whose process died.
+PAID_CALL_COLUMNS = ("ref AS call_id, NULL AS account_id, NULL AS key_id, NULL AS agent_id, endpoint, "
+                     "requested_model, model, payer, status, usd_micro")
+
+
+def crashed_usage(call, at: int, *, usd_micro: int = 0, note: str = HOLD_RELEASED, paid_with: str = "credits",
+                  **billing) -> UsageRow:
+    """The usage row of a call whose process died before settling it: what its hold (or
+    its x402 payment) knew, outcome `crashed`, charged `usd_micro` (nothing, unless the
+    payment was settled afterwards). `call` is a row with the holds table's columns, from
+    either engine, or a payment row read as `PAID_CALL_COLUMNS`."""
+    block = {"model": call["model"], "usd": usd_micro / 1_000_000, "payment": paid_with, "note": note, **billing}
+    return UsageRow(call_id=call["call_id"], account_id=call["account_id"], key_id=call["key_id"],
+                    agent_id=call["agent_id"], endpoint=call["endpoint"] or "unknown",
+                    requested_model=call["requested_model"], model=call["model"], usd_micro=usd_micro,
+                    outcome=CRASHED, billing=json.dumps(block), created_at=at)
+
+
+def crashed_paid_usage(payment, note: str, at: int) -> UsageRow:
+    """The usage row of an x402 call whose process died, once recovery finished its
+    payment (`payment` read as `PAID_CALL_COLUMNS`, after the update): charged what was
+    settled, else nothing."""
+    charged = payment["usd_micro"] if payment["status"] == "settled" else 0
+    return crashed_usage(payment, at, usd_micro=charged, note=note, paid_with="x402", payer=payment["payer"])
 
 
 @dataclass(slots=True)
@@ -165,6 +184,9 @@ class PaymentClaim:
     scheme: str = "exact"
     settle_with: str | None = None   # a call's payment: what a restarted process needs to settle it (JSON)
     deadline: int | None = None      # Unix time after which it can no longer be settled
+    endpoint: str | None = None      # a call's payment: what its usage row needs if its process dies
+    requested_model: str | None = None
+    model: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

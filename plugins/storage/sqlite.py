@@ -19,8 +19,9 @@ from typing import Any, Callable, TypeVar
 
 from . import for_engine, now, statements
 from .records import (
-    USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
-    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_usage,
+    PAID_CALL_COLUMNS, USAGE_FIELDS, AgentRegistration, CreditPurchase, HoldRequest, KeyLimit, KeyPolicy, KeyRecord,
+    KeySpendLimitReached, PaymentClaim, Reserved, Settlement, UnfinishedPayment, UsageRow, crashed_paid_usage,
+    crashed_usage,
 )
 from .schema import migrations
 
@@ -203,7 +204,7 @@ def _close_hold(conn, held: Reserved, charge: int, free_use: int, status: str, u
     if held.credit_micro > charge:
         _entry(conn, held.account_id, held.credit_micro - charge, "release", held.call_id)
     if usage is not None:
-        conn.execute(USAGE_INSERT, [getattr(usage, f) for f in USAGE_FIELDS])
+        _write_usage(conn, usage)
     return True
 
 
@@ -225,6 +226,31 @@ def _release_expired(conn, at: int) -> int:
     for row in rows:
         _close_hold(conn, _held(row), 0, 0, "released", crashed_usage(row, at))
     return len(rows)
+
+
+def _write_usage(conn, usage: UsageRow) -> None:
+    conn.execute(USAGE_INSERT, [getattr(usage, f) for f in USAGE_FIELDS])
+
+
+def _finish_payment(conn, claim_key: str, status: str, tx: str | None, reason: str | None, amount: int | None,
+                    usd_micro: int | None, *, unfinished_only: bool = False):
+    """Record how a payment ended; -> the payment as `PAID_CALL_COLUMNS`, None if
+    `unfinished_only` and it was finished already."""
+    gate = " AND status IN ('claimed', 'settling')" if unfinished_only else ""
+    rows = conn.execute(f"UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
+                        f"amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?{gate} "
+                        f"RETURNING {PAID_CALL_COLUMNS}",
+                        (status, tx, reason, now(), None if amount is None else str(amount), usd_micro,
+                         claim_key)).fetchall()          # all: the statement completes before the savepoint ends
+    return rows[0] if rows else None
+
+
+def _finish_crashed(conn, claim_key: str, status: str, tx: str | None, reason: str | None, amount: int | None,
+                    usd_micro: int | None, note: str) -> bool:
+    payment = _finish_payment(conn, claim_key, status, tx, reason, amount, usd_micro, unfinished_only=True)
+    if payment is not None:
+        _write_usage(conn, crashed_paid_usage(payment, note, now()))
+    return payment is not None
 
 
 def _purchase(conn, o: CreditPurchase) -> tuple[int, int]:
@@ -365,7 +391,7 @@ class SQLiteUsage:
         self._db = engine
 
     async def record(self, row: UsageRow) -> None:
-        await self._db.transaction(_rowcount, USAGE_INSERT, tuple(getattr(row, f) for f in USAGE_FIELDS))
+        await self._db.transaction(_write_usage, row)
 
     async def recent(self, account_id: int, limit: int = 50) -> list[UsageRow]:
         rows = await self._db.run(_all, f"SELECT {', '.join(USAGE_FIELDS)} FROM usage WHERE account_id = ? "
@@ -411,10 +437,10 @@ class SQLitePayments:
     async def claim(self, c: PaymentClaim) -> bool:
         return await self._db.transaction(
             _rowcount, "INSERT OR IGNORE INTO x402_payments (claim_key, network, asset, payer, amount, usd_micro, "
-                       "ref, status, created_at, scheme, settle_with, deadline, owner, lease_until) "
-                       "VALUES (?,?,?,?,?,?,?,'claimed',?,?,?,?,?,?)",
+                       "ref, status, created_at, scheme, settle_with, deadline, owner, lease_until, endpoint, "
+                       "requested_model, model) VALUES (?,?,?,?,?,?,?,'claimed',?,?,?,?,?,?,?,?,?)",
             (c.claim_key, c.network, c.asset, c.payer, c.amount, c.usd_micro, c.ref, now(), c.scheme, c.settle_with,
-             c.deadline, self._owner, now() + self._lease)) == 1
+             c.deadline, self._owner, now() + self._lease, c.endpoint, c.requested_model, c.model)) == 1
 
     async def owe(self, claim_key: str, amount: int, usd_micro: int) -> None:
         await self._db.transaction(_rowcount, "UPDATE x402_payments SET status = 'settling', due = ?, usd_micro = ? "
@@ -423,10 +449,11 @@ class SQLitePayments:
 
     async def record(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None, *,
                      amount: int | None = None, usd_micro: int | None = None) -> None:
-        await self._db.transaction(
-            _rowcount, "UPDATE x402_payments SET status = ?, tx = ?, reason = ?, settled_at = ?, "
-                       "amount = COALESCE(?, amount), usd_micro = COALESCE(?, usd_micro) WHERE claim_key = ?",
-            (status, tx, reason, now(), None if amount is None else str(amount), usd_micro, claim_key))
+        await self._db.transaction(_finish_payment, claim_key, status, tx, reason, amount, usd_micro)
+
+    async def finish_crashed(self, claim_key: str, status: str, tx: str | None = None, reason: str | None = None,
+                             *, amount: int | None = None, usd_micro: int | None = None, note: str) -> bool:
+        return await self._db.transaction(_finish_crashed, claim_key, status, tx, reason, amount, usd_micro, note)
 
     async def renew_leases(self) -> int:
         return await self._db.transaction(

@@ -16,7 +16,7 @@ import asyncio
 from fractions import Fraction
 
 from config import usd
-from plugins import hookimpl
+from plugins import hookimpl, usage
 from plugins.appstate import HTTP, PM, STORE
 from plugins.context import OK, CallContext, Hold
 
@@ -99,7 +99,8 @@ async def gateway_reserve(ctx: CallContext):
     app = ctx.request.app
     resource = paywall.resource(ctx.request.path, description)
     accepted = await paywall.accept(ctx.request.headers, amount, discounts=True, resource=resource,
-                                    ref=ctx.call_id, store=app[STORE], http=app[HTTP], metered=True)
+                                    ref=ctx.call_id, store=app[STORE], http=app[HTTP], metered=True,
+                                    call=usage.labels(ctx))
     return Hold(kind="x402", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
                 data={"accepted": accepted, "paywall": paywall}, jobs=app[STORE].payments)
 

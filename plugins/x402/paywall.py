@@ -79,9 +79,10 @@ class Paywall:
 
     async def accept(self, headers, usd_micro: int, *, discounts: bool, resource: dict[str, str], ref: str,
                      store: Storage, http: aiohttp.ClientSession, metered: bool = False,
-                     purchase: dict[str, Any] | None = None) -> Accepted:
+                     purchase: dict[str, Any] | None = None, call: dict[str, str | None] | None = None) -> Accepted:
         """Verify and claim a payment. `metered` calls and credit `purchase`s (the order to
-        credit, recorded with the claim) can be finished by another process if this one dies."""
+        credit, recorded with the claim) can be finished by another process if this one dies;
+        a call's `call` labels (plugins.usage.labels) are kept for its usage row then."""
         offers = self.offers(usd_micro, discounts=discounts, metered=metered)
         payment = read_payment(headers)
         if payment is None:
@@ -110,7 +111,7 @@ class Paywall:
             recovery = {"settle_with": orjson.dumps(settle_with).decode(),
                         "deadline": self._deadline(payment, offer)}
         claim = PaymentClaim(key, r["network"], r["asset"], accepted.payer, r["amount"], offer.usd_paid_micro, ref,
-                             scheme=offer.scheme, **recovery)
+                             scheme=offer.scheme, **recovery, **(call or {}))
         if not await store.payments.claim(claim):
             raise self._refusal(offers, resource, "payment_already_used",
                                 "this payment was already used; sign a new one")

@@ -6,7 +6,8 @@ on it while the call runs, as for holds. When a lease expires, another process (
 one after a restart) adopts the payment and finishes it as the record says: a call that
 had not been priced settles nothing; a priced one is settled for what it owed, if the
 authorization is still valid. Adopting is one conditional update, so exactly one process
-finishes each payment. A credit purchase (its order recorded with the claim) that was
+finishes each payment. A call's payment is finished together with the call's usage row
+(outcome `crashed`, charged what was settled, else nothing), in one transaction. A credit purchase (its order recorded with the claim) that was
 being settled is settled again: success, or the facilitator saying this authorization
 was already used (our settle went through before the crash), credits the order in the
 transaction that marks the payment settled, once. A render the call was waiting on is
@@ -25,6 +26,7 @@ from plugins.storage import UnfinishedPayment
 
 log = structlog.get_logger("x402")
 SETTLE_MARGIN = 6            # seconds an authorization must still be valid to be settled
+STOPPED = "the gateway process serving this call stopped"    # how a crashed usage row's note begins
 
 
 async def finish_unfinished(storage, paywall, http) -> int:
@@ -40,25 +42,41 @@ async def finish_unfinished(storage, paywall, http) -> int:
 async def _finish(storage, paywall, http, p: UnfinishedPayment) -> None:
     nothing = 0 if p.scheme == "upto" else None
     data = orjson.loads(p.settle_with)
+    purchase = bool(data.get("purchase"))
     if p.due is None:
-        await storage.payments.record(p.claim_key, "unused", None, "crashed_before_priced", amount=nothing,
-                                      usd_micro=nothing)
+        await _end(storage, p, "unused", None, "crashed_before_priced", amount=nothing, usd_micro=nothing,
+                   purchase=purchase, note=f"{STOPPED} before it was priced: its x402 payment was released "
+                                           "unsettled, nothing was charged")
         log.warning("x402_payment_released_after_crash", call=p.ref)
         return
     if p.deadline < time.time() + SETTLE_MARGIN:
-        await storage.payments.record(p.claim_key, "settle_failed", None, "authorization_expired")
+        await _end(storage, p, "settle_failed", None, "authorization_expired", purchase=purchase,
+                   note=f"{STOPPED} before its x402 payment was settled, and the authorization expired before "
+                        "it could be settled: nothing was charged")
         log.error("x402_payment_expired_before_settlement", call=p.ref, due=p.due)
         return
     amount = int(p.due) if p.scheme == "upto" else None
     result = await paywall.settle_owed(data["version"], data["payload"], data["requirement"], amount, http)
     ok = bool(result.get("success"))
-    if data.get("purchase") and (ok or settled_before(result)):
+    if purchase and (ok or settled_before(result)):
         await _credit_purchase(storage, data["purchase"], p, result, ok)
         return
-    await storage.payments.record(p.claim_key, "settled" if ok else "settle_failed", result.get("transaction"),
-                                  result.get("errorReason"), amount=amount)
+    outcome = (f"was settled afterwards for what the call owed; tx {result.get('transaction')}" if ok else
+               f"failed to settle afterwards ({result.get('errorReason')}): nothing was charged")
+    await _end(storage, p, "settled" if ok else "settle_failed", result.get("transaction"), result.get("errorReason"),
+               amount=amount, purchase=purchase, note=f"{STOPPED} before answering; its x402 payment {outcome}")
     log.warning("x402_payment_finished_after_crash", call=p.ref, settled=ok, due=p.due,
                 reason=result.get("errorReason"))
+
+
+async def _end(storage, p: UnfinishedPayment, status: str, tx: str | None, reason: str | None, *, note: str,
+               purchase: bool, **amounts) -> None:
+    """Record how a payment ended: a call's together with its `crashed` usage row (one
+    transaction); a credit purchase's, which is not a call, as it is."""
+    if purchase:
+        await storage.payments.record(p.claim_key, status, tx, reason, **amounts)
+    else:
+        await storage.payments.finish_crashed(p.claim_key, status, tx, reason, note=note, **amounts)
 
 
 def settled_before(result: dict) -> bool:
