@@ -1,7 +1,7 @@
 """A video render paid per call with x402 (no key, so no hold), in flight when the gateway
 is killed (kill -9): after a restart the job is cancelled upstream once, the payment ends
-`unused` (the work was not delivered, so nothing is settled), and the next paid render is
-settled once, for itself alone."""
+`unused` (the work was not delivered, so nothing is settled) with one usage row, outcome
+`crashed`, charged nothing, and the next paid render is settled once, for itself alone."""
 import asyncio
 import inspect
 import time
@@ -18,10 +18,11 @@ from tests.fakes.facilitator import FakeFacilitator
 from tests.gateway_process import GatewayProcess
 from tests.test_x402 import USDC, chains, decode, payer_client
 from tests.test_x402_upto import FACILITATOR, upto_client
+from tests.test_x402_upto_crash import ADMIN_KEY, admin_usage, seen
 
 ENGINES = ("sqlite", "postgresql")
 VIDEO = {"model": "fal/veo3", "prompt": "a falcon"}
-CLIENTS = {"exact": lambda: payer_client(Account.create(), asset=USDC), "upto": lambda: upto_client(Account.create())}
+CLIENTS = {"exact": lambda payer: payer_client(payer, asset=USDC), "upto": upto_client}
 
 
 async def eventually(check, seconds: float = 20) -> None:
@@ -50,7 +51,8 @@ async def test_a_paid_render_left_by_a_killed_process_is_cancelled_and_not_settl
             {"id": "fal/veo3", "provider": "fal", "upstream": "fal-ai/veo3", "list_usd_per_second": 0.40,
              "timeout_seconds": 120, "options": {"duration_seconds": {"values": [8], "default": 8}}}]},
         "media": {"artifacts": {"dir": str(tmp_path / "art")}, "allow_private_urls": True},
-        "payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))}, "chains": chains("usdc")}}})
+        "payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))}, "chains": chains("usdc")}}},
+        env={"GATEWAY_ADMIN_KEY": ADMIN_KEY})
     store = await open_storage(url, [])
 
     async def payments():
@@ -61,8 +63,9 @@ async def test_a_paid_render_left_by_a_killed_process_is_cancelled_and_not_settl
         return await payments() == sorted(rows)
 
     await gw.start()
+    payer = Account.create()
     try:
-        async with CLIENTS[scheme]() as http:
+        async with CLIENTS[scheme](payer) as http:
             call = asyncio.ensure_future(http.post(f"{gw.url}/api/v1/videos/generations", json=VIDEO))
             await eventually(lambda: sum(r.path.endswith("/status") for r in fal.requests) >= 2)  # rendering
             gw.kill9()
@@ -82,15 +85,21 @@ async def test_a_paid_render_left_by_a_killed_process_is_cancelled_and_not_settl
         finished = [(scheme, "unused", "crashed_before_priced", None)]
         await eventually(lambda: payments_are(finished))
         assert [action for action, _ in facilitator.calls] == ["verify"]            # nothing settled
+        (call_id,) = await store.fetchone("SELECT ref FROM x402_payments")
+        crashed = (call_id, "videos.generations", "fal/veo3", "crashed", 0.0, 0.0, "x402", payer.address.lower())
+        assert [seen(r) for r in await admin_usage(gw.url)] == [crashed]
 
         fal.enqueue(MediaReply(video=True))                      # the restarted gateway serves the next one
-        async with CLIENTS[scheme]() as http:
+        async with CLIENTS[scheme](Account.create()) as http:
             r = await http.post(f"{gw.url}/api/v1/videos/generations", json=VIDEO)
         assert r.status_code == 200, r.text
         settled = decode(r.headers["PAYMENT-RESPONSE"])
         assert settled["success"] and [a for a, _ in facilitator.calls] == ["verify", "verify", "settle"]
         assert await payments_are(finished + [(scheme, "settled", None, None)])
         assert len(facilitator.exact_settled + facilitator.upto_settled) == 1 and fal.cancelled == [job_id]
+        usage = await admin_usage(gw.url)
+        assert [seen(r) for r in usage if r["outcome"] == "crashed"] == [crashed]   # still one, the served one ok
+        assert sorted(r["outcome"] for r in usage) == ["crashed", "ok"]
     finally:
         gw.stop()
         await store.close()

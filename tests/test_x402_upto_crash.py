@@ -1,6 +1,7 @@
 """x402 upto across a crash: the gateway process is killed (kill -9) after the call was
 priced and while its settlement is in flight; the restarted process finishes it from the
-record, and the payment is settled exactly once, for what the call used."""
+record, and the payment is settled exactly once, for what the call used. Either way the
+call gets one usage row, outcome `crashed`, charged what was settled."""
 import asyncio
 import os
 import signal
@@ -41,6 +42,23 @@ async def start(config, port: int, tmp_path) -> subprocess.Popen:
     raise AssertionError((tmp_path / f"gateway-{port}.log").read_text())
 
 
+ADMIN_KEY = "adm_crash-test-operator"
+
+
+async def admin_usage(url: str) -> list[dict]:
+    """Every usage row, as the operator reads them (keyless x402 calls have no account)."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/api/v1/admin/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
+            assert r.status == 200, await r.text()
+            return (await r.json())["data"]
+
+
+def seen(row: dict) -> tuple:
+    """What a usage row says about an x402 call: which call, where, how it ended, what it cost, who paid."""
+    return (row["call_id"], row["endpoint"], row["model"], row["outcome"], row["usd"], row["billing"]["usd"],
+            row["billing"]["payment"], row["billing"]["payer"].lower())
+
+
 async def wait_for(check, seconds: float = 15):
     deadline = time.monotonic() + seconds
     while not check():
@@ -49,7 +67,8 @@ async def wait_for(check, seconds: float = 15):
 
 
 async def test_kill_between_the_call_and_its_settlement_then_restart_settles_once(aiohttp_server, fake_openai,
-                                                                                  tmp_path):
+                                                                                  tmp_path, monkeypatch):
+    monkeypatch.setenv("GATEWAY_ADMIN_KEY", ADMIN_KEY)
     facilitator = FakeFacilitator(upto_address=FACILITATOR, settle_gate=asyncio.Event())   # /settle hangs
     fac = await aiohttp_server(facilitator.app)
     db = tmp_path / "gw.db"
@@ -62,10 +81,10 @@ async def test_kill_between_the_call_and_its_settlement_then_restart_settles_onc
                                            **UPSTREAM_PRICES}]},
         "payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))}, "chains": chains("usdc")}}}))
     fake_openai.enqueue(Reply(text="Short.", output_tokens=3))
-    port = free_port()
+    port, payer = free_port(), Account.create()
     proc = await start(config, port, tmp_path)
     try:
-        async with upto_client(Account.create()) as http:
+        async with upto_client(payer) as http:
             call = asyncio.ensure_future(http.post(f"http://127.0.0.1:{port}/api/v1/chat/completions", json=BODY))
             await wait_for(lambda: any(action == "settle" for action, _ in facilitator.calls))
             os.kill(proc.pid, signal.SIGKILL)                   # the call is done; its settlement is not
@@ -83,14 +102,19 @@ async def test_kill_between_the_call_and_its_settlement_then_restart_settles_onc
         await wait_for(lambda: facilitator.upto_settled != [])
         await asyncio.sleep(1.5)                                 # a few more recovery rounds: still once
         assert [amount for _, _, amount in facilitator.upto_settled] == [used]
-        row = sqlite3.connect(db).execute("SELECT status, amount, usd_micro FROM x402_payments").fetchone()
-        assert row == ("settled", str(used), used)
+        row = sqlite3.connect(db).execute("SELECT status, amount, usd_micro, ref FROM x402_payments").fetchone()
+        assert row[:3] == ("settled", str(used), used)
+        # the answer never left the killed process: the call's one usage row says so, with what was settled
+        assert [seen(r) for r in await admin_usage(f"http://127.0.0.1:{port}")] == \
+            [(row[3], "chat.completions", "up/gpt", "crashed", used / 1e6, used / 1e6, "x402", payer.address.lower())]
     finally:
         proc.kill()
         proc.wait(timeout=10)
 
 
-async def test_kill_during_the_call_settles_nothing(aiohttp_server, tmp_path):
+async def test_kill_during_the_call_settles_nothing_and_leaves_one_crashed_usage_row(aiohttp_server, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("GATEWAY_ADMIN_KEY", ADMIN_KEY)
     facilitator = FakeFacilitator(upto_address=FACILITATOR)
     fac = await aiohttp_server(facilitator.app)
     asked = []
@@ -111,10 +135,10 @@ async def test_kill_during_the_call_settles_nothing(aiohttp_server, tmp_path):
         "models": {"chat": DEMO_MODELS + [{"id": "up/gpt", "provider": "up", "upstream": "gpt-4o-mini",
                                            **UPSTREAM_PRICES}]},
         "payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))}, "chains": chains("usdc")}}}))
-    port = free_port()
+    port, payer = free_port(), Account.create()
     proc = await start(config, port, tmp_path)
     try:
-        async with upto_client(Account.create()) as http:
+        async with upto_client(payer) as http:
             call = asyncio.ensure_future(http.post(f"http://127.0.0.1:{port}/api/v1/chat/completions", json=BODY))
             await wait_for(lambda: len(asked) == 1)
             os.kill(proc.pid, signal.SIGKILL)
@@ -128,6 +152,10 @@ async def test_kill_during_the_call_settles_nothing(aiohttp_server, tmp_path):
         await wait_for(lambda: sqlite3.connect(db).execute("SELECT status, reason FROM x402_payments").fetchone()
                        == ("unused", "crashed_before_priced"))
         assert facilitator.upto_settled == [] and [a for a, _ in facilitator.calls] == ["verify"]
+        (call_id,) = sqlite3.connect(db).execute("SELECT ref FROM x402_payments").fetchone()
+        await asyncio.sleep(1.5)                                 # a few more recovery rounds: still one row
+        assert [seen(r) for r in await admin_usage(f"http://127.0.0.1:{port}")] == \
+            [(call_id, "chat.completions", "up/gpt", "crashed", 0.0, 0.0, "x402", payer.address.lower())]
     finally:
         proc.kill()
         proc.wait(timeout=10)
