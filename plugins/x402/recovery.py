@@ -7,12 +7,13 @@ one after a restart) adopts the payment and finishes it as the record says: a ca
 had not been priced settles nothing; a priced one is settled for what it owed, if the
 authorization is still valid. Adopting is one conditional update, so exactly one process
 finishes each payment. A call's payment is finished together with the call's usage row
-(outcome `crashed`, charged what was settled, else nothing), in one transaction. A credit purchase (its order recorded with the claim) that was
-being settled is settled again: success, or the facilitator saying this authorization
-was already used (our settle went through before the crash), credits the order in the
-transaction that marks the payment settled, once. A render the call was waiting on is
-recorded on its payment row and cancelled upstream by the same sweep that cancels the
-renders of keyed calls (plugins/media/renders.py).
+(outcome `crashed`, charged what was settled, else nothing), in one transaction. A credit
+purchase (its order recorded with the claim) that was being settled is settled again:
+success, or the facilitator saying this authorization was already used (our settle went
+through before the crash), credits the order in the transaction that marks the payment
+settled, once. A render the call was waiting on is recorded on its payment row and
+cancelled upstream by the same sweep that cancels the renders of keyed calls
+(plugins/media/renders.py).
 """
 from __future__ import annotations
 
