@@ -83,9 +83,9 @@ def cmd_keys_revoke(args) -> int:
             return _fail(f"{len(matches)} keys start with {args.key!r}; give more of the key")
         key = matches[0]
         await store.keys.revoke(key["id"])
-        revoked = (await reports.key(store, key["id"]))["revoked_at"]
-        print(f"key {key['prefix']}... (id {key['id']}) revoked at {revoked}", flush=True)
         await _tell_running_gateways(config, key["hash"])
+        revoked = (await reports.key(store, key["id"]))["revoked_at"]
+        print(f"key {key['prefix']}... (id {key['id']}) revoked at {revoked}", flush=True)     # refused from now on
         return 0
     return with_store(args, work, with_config=True)
 
