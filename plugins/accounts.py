@@ -85,16 +85,16 @@ def gateway_register_routes(register, config):
 
 # ---- CLI -----------------------------------------------------------------------
 
-def with_store(args, work):
-    """Run `work(store)` on the database the config names (for CLI commands), after checking
-    the whole config as `gateway run` does."""
+def with_store(args, work, *, with_config: bool = False):
+    """Run `work(store)` (with_config: `work(store, config)`) on the database the config names
+    (for CLI commands), after checking the whole config as `gateway run` does."""
     from plugins import load_checked
     cfg, pm = load_checked(args.config, getattr(args, "plugins_dir", None))
 
     async def go():
         store = await open_storage(cfg.storage_url, collect_migrations(pm))
         try:
-            return await work(store)
+            return await (work(store, cfg) if with_config else work(store))
         finally:
             await store.close()
     return asyncio.run(go())

@@ -6,7 +6,8 @@ per call, and a change to a key (revoked, given an agent) reaches every process 
   with its subscription down.
 - The process that made a change drops its own entries at once.
 - With `redis:`, every change is also published on `CHANNEL`; each process subscribes and
-  drops the entry as the message arrives, so the others see it within milliseconds.
+  drops the entry as the message arrives, so the others see it within milliseconds. A CLI
+  command that changes a key publishes the same message (`publish_once`).
 
 A lookup that raced a change (it read the database before the change and would cache the
 old row after it) is not cached: every drop bumps a generation that the lookup checks.
@@ -17,6 +18,7 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
+import redis.asyncio as aioredis
 import structlog
 from aiohttp import web
 from redis.exceptions import RedisError
@@ -27,8 +29,32 @@ CHANNEL = "gw:keys"
 ALL = b"*"
 TTL_SECONDS = 1.0
 POLL_SECONDS = 0.5                 # how often the listener looks up from its channel to see if it must stop
+ONCE_TIMEOUT_SECONDS = TTL_SECONDS  # a CLI command's whole publish: any later, every cache has expired anyway
 
 log = structlog.get_logger("keycache")
+
+
+async def publish(redis, digest: str | None) -> None:
+    """The one message that makes every process drop its entry for `digest` (None: every
+    entry). Raises RedisError or OSError when Redis cannot take it."""
+    await redis.publish(CHANNEL, digest or ALL)
+
+
+async def publish_once(url: str, digest: str | None) -> str | None:
+    """From outside a gateway (a CLI command): `publish` over a connection of its own, within
+    ONCE_TIMEOUT_SECONDS. -> None when published, else why not (one line)."""
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=ONCE_TIMEOUT_SECONDS,
+                                     socket_timeout=ONCE_TIMEOUT_SECONDS)
+    try:
+        async with asyncio.timeout(ONCE_TIMEOUT_SECONDS):
+            await publish(client, digest)
+        return None
+    except TimeoutError:
+        return f"no answer within {ONCE_TIMEOUT_SECONDS:g} s"
+    except (RedisError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        await client.aclose()
 
 
 class KeyCache:
@@ -64,7 +90,7 @@ class KeyCache:
         self.drop(digest)
         if self.redis is not None:
             try:
-                await self.redis.publish(CHANNEL, digest or ALL)
+                await publish(self.redis, digest)
             except (RedisError, OSError) as exc:     # the others still see it within TTL_SECONDS
                 log.warning("key_change_not_published", error=str(exc))
 

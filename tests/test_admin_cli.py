@@ -107,3 +107,24 @@ async def test_admin_keys_create_turns_the_admin_api_on(cfg, tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_keys_revoke_with_redis_down_still_revokes_and_warns(cfg, tmp_path):
+    """The database change stands; the operator is told the other gateways may take up to the
+    cache lifetime (1 s) to see it, in one line, not a traceback."""
+    config = yaml.safe_load(open(cfg))
+    config["redis"] = f"redis://127.0.0.1:{free_port()}/0"         # nothing listens there
+    with open(cfg, "w") as f:
+        yaml.safe_dump(config, f)
+    code, out, _ = run("keys", "create", "--config", cfg, cwd=tmp_path)
+    key = last_line(out)
+    assert code == 0 and key.startswith("chk_")
+
+    started = time.monotonic()
+    code, out, err = run("keys", "revoke", "--config", cfg, key, cwd=tmp_path)
+    assert code == 0 and "revoked at" in out
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("gateway: warning:") and config["redis"] in err and "up to 1 s" in err
+    assert time.monotonic() - started < 30
+    code, out, _ = run("keys", "list", "--config", cfg, cwd=tmp_path)
+    assert code == 0 and out.strip().splitlines()[-1].endswith("revoked")

@@ -5,15 +5,22 @@ SQLite with `gateway run --workers 4` and on PostgreSQL with four separate proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sqlite3
 import time
+from asyncio.subprocess import PIPE
 
 import aiohttp
+import asyncpg
 import httpx
 import openai
 import pytest
+import redis.asyncio as redis
 from eth_account import Account
 
-from tests.cluster import FLAT_MICRO, MICRO, Cluster
+from plugins.keycache import CHANNEL, TTL_SECONDS
+from tests.cluster import FLAT_MICRO, GATEWAY, MICRO, Cluster
 from tests.fakes.facilitator import FakeFacilitator
 from tests.test_x402 import chains, sign
 
@@ -192,3 +199,86 @@ async def test_kill_9_of_one_process_leaves_the_others_calls_untouched(cluster):
     charged = await c.scalar("SELECT SUM(usd_micro) FROM usage WHERE account_id = ?", (account,))
     assert balance == ledger == MICRO - charged
     assert charged == sum(round(b["usd"] * MICRO) for b in survivors)
+
+
+@contextlib.asynccontextmanager
+async def revocations_held(c: Cluster, cli_pid: int):
+    """Hold the database's write lock on keys until the CLI (`cli_pid`) waits on it; -> the
+    release, after which the CLI's revocation commits within milliseconds. So the test knows
+    when the key stops being valid, and can refresh every process's cached copy just before."""
+    url, _, query = c.storage_url.partition("?")
+    query = "&".join(p for p in query.split("&") if not p.startswith("lease_seconds="))
+    if url.startswith("postgresql"):
+        conn = await asyncpg.connect(f"{url}?{query}" if query else url)
+        try:
+            held = conn.transaction()
+            await held.start()
+            await conn.execute("LOCK TABLE api_keys IN EXCLUSIVE MODE")      # reads go on
+            deadline = time.monotonic() + 30
+            while not await conn.fetchval("SELECT count(*) FROM pg_locks l JOIN pg_class t ON t.oid = l.relation "
+                                          "WHERE t.relname = 'api_keys' AND NOT l.granted"):
+                assert time.monotonic() < deadline, "the CLI never tried to revoke"
+                await asyncio.sleep(0.02)
+            yield held.commit
+        finally:
+            await conn.close()
+    else:
+        path = url.removeprefix("sqlite:///")
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.execute("BEGIN IMMEDIATE")                                    # WAL: reads go on
+            deadline = time.monotonic() + 30
+            while not any(os.path.realpath(f.path) == os.path.realpath(path)
+                          for f in os.scandir(f"/proc/{cli_pid}/fd") if f.is_symlink()):
+                assert time.monotonic() < deadline, "the CLI never opened the database"
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)    # SQLite shows no waiter: give the CLI's read and write the time to queue
+
+            async def release():
+                conn.execute("COMMIT")
+            yield release
+        finally:
+            conn.close()
+
+
+async def test_a_key_revoked_with_the_cli_is_refused_by_every_process_at_once(cluster, redis_url):
+    """`gateway keys revoke` publishes the change on Redis as the HTTP path does: every process
+    refuses the key as soon as the command says it is revoked, not when its cached copy
+    expires (up to TTL_SECONDS later). Every process caches the key just before the revocation
+    commits, so without the message they would all serve it for most of a second more."""
+    c = await cluster()
+    key, _ = await c.key(MICRO)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) as http:   # a new connection
+        async def every_process(calls: int = 16) -> list[httpx.Response]:                   # per call: any worker
+            """GET /api/v1/account: authenticated through the key cache, and no write to wait on."""
+            return await asyncio.gather(*[http.get(f"{url}/api/v1/account", headers=headers)
+                                          for url in c.spread(calls)])
+
+        cli = await asyncio.create_subprocess_exec(*GATEWAY, "keys", "revoke", "--config", str(c.config), key,
+                                                   cwd=c.folder, stdout=PIPE, stderr=PIPE)
+        try:
+            async with revocations_held(c, cli.pid) as release:
+                async with redis.Redis.from_url(redis_url) as channel:
+                    await channel.publish(CHANNEL, "*")           # drop every cached copy, then cache it afresh
+                assert {r.status_code for r in await every_process()} == {200}
+                await release()
+            said = await cli.stdout.readline()              # printed once every process has been told
+            revoked = time.monotonic()
+            assert b"revoked at" in said, (said, await cli.stderr.read())
+
+            last_accepted = None
+            while (sent := time.monotonic() - revoked) < TTL_SECONDS:
+                statuses = {r.status_code for r in await every_process()}
+                if 200 in statuses:
+                    last_accepted = sent
+                await asyncio.sleep(0.02)
+            _, err = await cli.communicate()
+            assert cli.returncode == 0 and not err, err
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+                await cli.wait()
+    assert last_accepted is None or last_accepted < 0.3, f"served {last_accepted:.2f} s after the CLI said revoked"
+    assert statuses == {401}

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from config import format_usd, parse_usd, usd
+from config import format_usd, parse_usd, redact_url, usd
 from plugins import hookimpl
 from plugins.accounts import MAX_GRANT_MICRO, create_account, with_store
 from plugins.auth import hash_key
+from plugins.keycache import TTL_SECONDS, publish_once
+from plugins.redis_link import redis_url
 
 from plugins.storage import reports
 
@@ -58,18 +60,34 @@ def cmd_keys_list(args) -> int:
     return with_store(args, work)
 
 
+async def _tell_running_gateways(config, key_hash: str) -> None:
+    """With `redis:`, every running gateway drops its cached copy of the key now, as after a
+    change made over HTTP. A Redis that cannot be reached is a warning: the database change
+    stands, and every process re-reads a key within its cache lifetime anyway."""
+    url = redis_url(config)
+    if url is None:
+        return
+    why = await publish_once(url, key_hash)
+    if why is not None:
+        print(f"gateway: warning: saved in the database, but Redis at {redact_url(url)} could not be reached ({why}); "
+              f"running gateways may go on with the key as it was for up to {TTL_SECONDS:g} s, until their cached "
+              "copy expires", file=sys.stderr)
+
+
 def cmd_keys_revoke(args) -> int:
-    async def work(store):
+    async def work(store, config):
         matches = await reports.keys_matching(store, args.key, hash_key(args.key))
         if not matches:
             return _fail("no key matches (give the whole key, or its prefix as `gateway keys list` shows it)")
         if len(matches) > 1:
             return _fail(f"{len(matches)} keys start with {args.key!r}; give more of the key")
-        await store.keys.revoke(matches[0]["id"])      # running gateways re-read a key within a second
-        revoked = (await reports.key(store, matches[0]["id"]))["revoked_at"]
-        print(f"key {matches[0]['prefix']}... (id {matches[0]['id']}) revoked at {revoked}")
+        key = matches[0]
+        await store.keys.revoke(key["id"])
+        await _tell_running_gateways(config, key["hash"])
+        revoked = (await reports.key(store, key["id"]))["revoked_at"]
+        print(f"key {key['prefix']}... (id {key['id']}) revoked at {revoked}", flush=True)     # refused from now on
         return 0
-    return with_store(args, work)
+    return with_store(args, work, with_config=True)
 
 
 def cmd_accounts_list(args) -> int:
@@ -142,7 +160,8 @@ def gateway_register_commands(subparsers):
     listing = keys.add_parser("list", help="keys with their spend")
     listing.add_argument("--account", type=int)
     listing.set_defaults(func=cmd_keys_list)
-    revoke = keys.add_parser("revoke", help="revoke a key; refused from the next request on")
+    revoke = keys.add_parser("revoke", help="revoke a key; refused from the next request on (with `redis:`, "
+                                            "by every running gateway at once)")
     revoke.add_argument("key", help="the whole key or its prefix (as `keys list` shows it)")
     revoke.set_defaults(func=cmd_keys_revoke)
     accounts = subparsers.add_parser("accounts", help="see accounts").add_subparsers(dest="accounts_command",

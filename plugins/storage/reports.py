@@ -77,8 +77,8 @@ async def key(store, key_id: int):
 async def keys_matching(store, text: str, key_hash: str) -> list[Any]:
     """Keys named by a whole key (`key_hash`, its hash) or by the start of the prefix `keys list` shows."""
     if len(text) > PREFIX_LENGTH:
-        return await store.fetchall("SELECT id, prefix, account_id FROM api_keys WHERE hash = ?", (key_hash,))
-    return await store.fetchall("SELECT id, prefix, account_id FROM api_keys WHERE substr(prefix, 1, ?) = ? "
+        return await store.fetchall("SELECT id, prefix, account_id, hash FROM api_keys WHERE hash = ?", (key_hash,))
+    return await store.fetchall("SELECT id, prefix, account_id, hash FROM api_keys WHERE substr(prefix, 1, ?) = ? "
                                 "ORDER BY id", (len(text), text))
 
 
