@@ -254,16 +254,39 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
 def configure_logging(level: str = "info", json_logs: bool | None = None) -> None:
     if json_logs is None:
         json_logs = not sys.stderr.isatty()
-    renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o).decode()) \
+    wrapper = structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO))
+    stderr_bytes = getattr(sys.stderr, "buffer", None)
+    if json_logs and stderr_bytes is not None:
+        # One line per call is on the hot path: level and time in one step, bytes straight from
+        # orjson to stderr (no str round trip).
+        structlog.configure(
+            processors=[structlog.contextvars.merge_contextvars, _level_and_time, structlog.processors.format_exc_info,
+                        _json_line],
+            wrapper_class=wrapper, logger_factory=structlog.BytesLoggerFactory(file=stderr_bytes),
+            cache_logger_on_first_use=True)
+        return
+    renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o, default=str).decode()) \
         if json_logs else structlog.dev.ConsoleRenderer()
-    # JSON logs carry a Unix timestamp (cheap on every call); a terminal gets ISO time.
     stamper = structlog.processors.TimeStamper(fmt=None if json_logs else "iso", utc=True)
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, stamper,
                     structlog.processors.format_exc_info, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=wrapper, logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True)
+
+
+LEVEL_NAMES = {"warn": "warning", "exception": "error"}     # as structlog's add_log_level names them
+
+
+def _level_and_time(_logger, method: str, event: dict) -> dict:
+    """JSON logs carry the level and a Unix timestamp (a terminal gets ISO time)."""
+    event["level"] = LEVEL_NAMES.get(method, method)
+    event["timestamp"] = time.time()
+    return event
+
+
+def _json_line(_logger, _method: str, event: dict) -> bytes:
+    return orjson.dumps(event, default=str, option=orjson.OPT_APPEND_NEWLINE)
 
 
 # ---- CLI -----------------------------------------------------------------------

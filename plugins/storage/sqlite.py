@@ -83,6 +83,8 @@ class Engine:
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
+    if len(ops) == 1:                   # alone in its batch: its transaction is its savepoint
+        return [_run_one(conn, *ops[0])]
     conn.execute("BEGIN IMMEDIATE")
     results: list[tuple[bool, Any]] = []
     try:
@@ -100,6 +102,25 @@ def _run_batch(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> l
         conn.execute("ROLLBACK")
         raise
     return results
+
+
+def _run_one(conn: sqlite3.Connection, fn: Callable, args: tuple) -> tuple[bool, Any]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        value = fn(conn, *args)
+    except Exception as exc:            # the function failed: nothing of it stays
+        conn.execute("ROLLBACK")
+        return False, exc
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    try:
+        conn.execute("COMMIT")
+    except BaseException:               # the commit failed: the caller learns it, the connection stays usable
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return True, value
 
 
 def _setup(conn: sqlite3.Connection, migrations: list[tuple[str, str]]) -> None:
