@@ -212,7 +212,7 @@ def scale_out(stores: list[str], up: int, levels, seconds: float, soak_total: in
     for store in stores:
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
         servers, extra, core, storage, redis, side = [], [], SERVER_CORE, None, None, {}
-        parts = store.split("+")                     # e.g. postgresql+redis, sqlite+redis, sqlite-workers2
+        parts = store.removesuffix("-workers2").split("+")   # e.g. postgresql+redis, sqlite+redis, sqlite-workers2
         if "postgresql" in parts:
             pg = PostgresServer(postgres_bindir()).start()
             servers.append(pg)
