@@ -286,7 +286,7 @@ def _level_and_time(_logger, method: str, event: dict) -> dict:
 
 
 def _json_line(_logger, _method: str, event: dict) -> bytes:
-    return orjson.dumps(event, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(event, default=str)          # structlog's BytesLogger ends the line
 
 
 # ---- CLI -----------------------------------------------------------------------

@@ -59,6 +59,7 @@ async def test_start_calls_and_stop_are_logged_with_one_id_per_call(logged):
 
     text = gp.log.read_text()
     assert key not in text and key[12:] not in text and PASSWORD not in text and "sk-test-upstream" not in text
+    assert "\n\n" not in text                               # one JSON object a line, no blank lines between
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     events = {}
     for line in lines:
