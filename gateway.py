@@ -380,10 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pm = get_plugin_manager(plugins_dir=known.plugins_dir)
         args = build_parser(pm).parse_args(argv)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()                   # a reader that left is noticed here, not at exit
+        return code
     except config_mod.ConfigError as err:    # an operator's mistake: say what to fix, no traceback
         print(f"gateway: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:                  # `gateway keys list | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
+        return 0
 
 
 if __name__ == "__main__":

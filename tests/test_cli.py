@@ -122,3 +122,12 @@ def test_start_up_log_shows_providers_without_their_secrets(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_output_to_a_reader_that_left_is_no_traceback(cfg_file, tmp_path):
+    """`gateway check | head -1`: the reader closes the pipe; the command ends quietly."""
+    proc = subprocess.Popen([*GATEWAY, "check", "--config", str(cfg_file)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipeError" not in err, err
