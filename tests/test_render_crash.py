@@ -11,6 +11,19 @@ from tests.fakes import FakeFal, MediaReply
 from tests.gateway_process import GatewayProcess
 
 
+def render_config(tmp_path, fal: FakeFal, storage: str) -> dict:
+    """A gateway with one fal video model whose renders the fake can leave hanging."""
+    return {
+        "storage": storage,
+        "providers": {"demo": {"type": "demo"},
+                      "fal": {"type": "fal", "base_url": str(fal.server.make_url("")), "api_key": "fal-test-key",
+                              "poll_seconds": 0.05}},
+        "models": {"chat": DEMO_MODELS, "video": [
+            {"id": "fal/veo3", "provider": "fal", "upstream": "fal-ai/veo3", "list_usd_per_second": 0.40,
+             "timeout_seconds": 120, "options": {"duration_seconds": {"values": [8], "default": 8}}}]},
+        "media": {"artifacts": {"dir": str(tmp_path / "art")}, "allow_private_urls": True}}
+
+
 async def eventually(check, seconds: float = 15) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -23,15 +36,7 @@ async def test_a_render_left_by_a_killed_process_is_cancelled_upstream(aiohttp_s
     fal.server = await aiohttp_server(fal.app)
     fal.enqueue(MediaReply(video=True, hang=True))
     db = tmp_path / "gw.db"
-    gw = GatewayProcess(tmp_path, {
-        "storage": f"sqlite:///{db}?lease_seconds=1",
-        "providers": {"demo": {"type": "demo"},
-                      "fal": {"type": "fal", "base_url": str(fal.server.make_url("")), "api_key": "fal-test-key",
-                              "poll_seconds": 0.05}},
-        "models": {"chat": DEMO_MODELS, "video": [
-            {"id": "fal/veo3", "provider": "fal", "upstream": "fal-ai/veo3", "list_usd_per_second": 0.40,
-             "timeout_seconds": 120, "options": {"duration_seconds": {"values": [8], "default": 8}}}]},
-        "media": {"artifacts": {"dir": str(tmp_path / "art")}, "allow_private_urls": True}})
+    gw = GatewayProcess(tmp_path, render_config(tmp_path, fal, f"sqlite:///{db}?lease_seconds=1"))
     key = gw.cli("keys", "create", "--credits", "10").split()[-1]
     await gw.start()
     try:

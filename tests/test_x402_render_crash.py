@@ -12,10 +12,10 @@ from eth_account import Account
 from x402.http.clients.httpx import PaymentError
 
 from plugins.storage import open_storage
-from tests.conftest import DEMO_MODELS
 from tests.fakes import FakeFal, MediaReply
 from tests.fakes.facilitator import FakeFacilitator
 from tests.gateway_process import GatewayProcess
+from tests.test_render_crash import render_config
 from tests.test_x402 import USDC, chains, decode, payer_client
 from tests.test_x402_upto import FACILITATOR, upto_client
 from tests.test_x402_upto_crash import ADMIN_KEY, admin_usage, seen
@@ -43,14 +43,7 @@ async def test_a_paid_render_left_by_a_killed_process_is_cancelled_and_not_settl
     fal.enqueue(MediaReply(video=True, hang=True))
     url = storage_url + ("&" if "?" in storage_url else "?") + "lease_seconds=1"
     gw = GatewayProcess(tmp_path, {
-        "storage": url,
-        "providers": {"demo": {"type": "demo"},
-                      "fal": {"type": "fal", "base_url": str(fal.server.make_url("")), "api_key": "fal-test-key",
-                              "poll_seconds": 0.05}},
-        "models": {"chat": DEMO_MODELS, "video": [
-            {"id": "fal/veo3", "provider": "fal", "upstream": "fal-ai/veo3", "list_usd_per_second": 0.40,
-             "timeout_seconds": 120, "options": {"duration_seconds": {"values": [8], "default": 8}}}]},
-        "media": {"artifacts": {"dir": str(tmp_path / "art")}, "allow_private_urls": True},
+        **render_config(tmp_path, fal, url),
         "payments": {"x402": {"facilitator": {"url": str(fac.make_url(""))}, "chains": chains("usdc")}}},
         env={"GATEWAY_ADMIN_KEY": ADMIN_KEY})
     store = await open_storage(url, [])
