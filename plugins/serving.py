@@ -82,7 +82,11 @@ async def serve(app: web.Application, host: str, port: int, settings, *, reuse_p
                            access_log=None, keepalive_timeout=settings.keepalive_seconds, shutdown_timeout=30)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:                # e.g. the port is taken: close what start-up opened (sessions, stores)
+        await runner.cleanup()
+        raise
     log.info("serving", host=host, port=port, open_file_limit=files, max_connections=cap,
              keepalive_seconds=settings.keepalive_seconds, request_timeout_seconds=settings.request_timeout_seconds)
     stop = asyncio.Event()
