@@ -4,7 +4,7 @@ Sources are plain text so that they are easy to review:
 - `src/<lang>*.txt`: items separated by `@ <tier> <category> [tags]` lines. Tags: `tools=a,b`
   (the request offers those tools), `multi-turn`, `trap-easy`, `trap-hard`. An item whose
   lines start with `S:`, `U:` or `A:` is a conversation (system, user, assistant turns).
-- `src/passages.txt`: long real texts (`=== name`), each followed by questions about it
+- `src/passages*.txt`: long real texts (`=== name`), each followed by questions about it
   (`--- <tier> | <category> | <lang>`). Each question becomes a request with the text pasted in.
 - `src/legacy.jsonl`: the first labelled set ({id, tier, prompt}), kept with its labels.
 
@@ -95,9 +95,11 @@ def legacy(path: Path):
 
 def build() -> list[dict]:
     src = HERE / "src"
-    items = list(parse_passages(src / "passages.txt"))
+    items = []
     for path in sorted(src.glob("*.txt")):
-        if path.name != "passages.txt":
+        if path.name.startswith("passages"):
+            items += parse_passages(path)
+        else:
             items += parse_items(path, re.match(r"[a-z]+", path.stem).group(0))
     if (src / "legacy.jsonl").exists():
         items += legacy(src / "legacy.jsonl")
