@@ -6,7 +6,7 @@ n-grams, which carry across languages and scripts; the pasted text only counts b
 and shape, so a long paste with a trivial question stays easy. Structure (code, maths
 notation, how many numbers and clauses, tools, earlier turns) adds a few dense features.
 The same function (`keyed_features`) serves training and the gateway, so they can never
-disagree: training hashes its keys into slots, the gateway looks them up in the model's table.
+disagree: training hashes the known keys into slots, the gateway looks them up in the model's table.
 """
 from __future__ import annotations
 
@@ -147,12 +147,6 @@ def _log(n: float) -> float:
 def slot(key: str) -> int:
     """Where a key's weight lives among the hashed slots (training fits those slots)."""
     return zlib.crc32(key.encode()) & (BUCKETS - 1)
-
-
-def features(inp: RoutingInput) -> tuple[list[int], float, list[float]]:
-    """-> (hashed slots of the keys, the weight of each, dense feature values): what training reads."""
-    keys, weight, dense = keyed_features(inp)
-    return list(map(slot, keys)), weight, dense
 
 
 def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:

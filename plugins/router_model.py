@@ -1,18 +1,16 @@
-"""svc/smart's local classifier: an ordinal linear model over `router_features`, shipped in the package.
+"""svc/smart's local classifier: a multinomial linear model over `router_features`, shipped in the package.
 
-The tiers are ordered (easy < medium < hard < frontier), so the model is one score per
-request and three cut points: the chance that a request needs more than tier k is
-sigmoid((score - cut[k]) / temperature). One weight per feature keeps a decision to a
-single pass over the request's hashed n-grams. The weights file is made by
-`gateway router-train` (which needs the `train` extra); reading it and deciding need only
-the standard library, so a gateway runs offline with nothing to download. The file also
-lists the keys (n-grams, words) seen in training: at load each gets its slot's weight, and a
-decision looks keys up in that table instead of hashing them (a key never seen in training
-counts zero rather than whatever shares its slot). The temperature
-is fitted on the validation split, so the chances are calibrated. The decision routes up
-under uncertainty: it takes the lowest tier whose chance of being too low is at most
-`route_up` - one threshold per tier below frontier, chosen on the validation split, since
-sending a hard request to medium risks more than sending a medium one to easy.
+Each tier has one weight per feature; a request's scores go through a softmax (divided by a
+temperature fitted on the validation split, so the chances are calibrated). Four scores
+cost one pass over the request's keys: each known key maps to a row of four weights. The
+weights file is made by `gateway router-train` (which needs the `train` extra); reading it
+and deciding need only the standard library, so a gateway runs offline with nothing to
+download. The file lists the keys (n-grams, words) that occur in at least two training
+requests, and training reads only those keys, so the gateway's table and the trained model
+give the same scores (a key never seen in training counts zero). The decision routes up under
+uncertainty: it takes the lowest tier whose chance of being too low is at most `route_up` -
+one threshold per tier below frontier, chosen on the validation split, since sending a hard
+request to medium risks more than sending a medium one to easy.
 """
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ from pathlib import Path
 from .router_features import DENSE, FEATURES, RoutingInput, keyed_features, slot
 
 TIERS = ("easy", "medium", "hard", "frontier")
+VERSION = 3                        # the file format and model kind; an older file is refused
 WEIGHTS = Path(__file__).resolve().parent / "router_model.bin"
 
 
@@ -44,16 +43,20 @@ class Decision:
 
 class LocalClassifier:
     def __init__(self, meta: dict, weights: array, known: list[str]):
-        if meta.get("dense") != list(DENSE) or len(weights) != FEATURES or len(meta.get("cuts", ())) != len(TIERS) - 1:
+        if meta.get("dense") != list(DENSE) or meta.get("version") != VERSION or len(weights) != FEATURES * len(TIERS):
             raise ValueError("the router model does not match this version's features; retrain it")
         self.meta = meta
-        self.cuts = [float(c) for c in meta["cuts"]]
         self.temperature = float(meta["temperature"])
         self.route_up = tuple(float(a) for a in meta["route_up"])
-        self._dense = weights[FEATURES - len(DENSE):].tolist()
-        self._known = {key: weights[slot(key)] for key in known}
+        n = len(TIERS)
+        dense_at = (FEATURES - len(DENSE)) * n
+        self._dense = [weights[dense_at + t::n].tolist() for t in range(n)]
+        # row 0 is the unknown key's (all zero); known key i is row i + 1
+        self._row = {key: i for i, key in enumerate(known, 1)}
+        self._columns = [array("d", [0.0] + [weights[slot(key) * n + t] for key in known]) for t in range(n)]
 
-    # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights ----
+    # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights,
+    # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones ----
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "LocalClassifier":
         raw = path.read_bytes()
@@ -74,16 +77,19 @@ class LocalClassifier:
         flat = array("f", weights)
         if sys.byteorder == "big":
             flat.byteswap()
-        head = json.dumps({**meta, "dense": list(DENSE), "known_bytes": len(table)}).encode()
+        head = json.dumps({**meta, "version": VERSION, "dense": list(DENSE), "known_bytes": len(table)}).encode()
         path.write_bytes(head + b"\n" + table + flat.tobytes())
 
     # ---- inference ------------------------------------------------------------------------
-    def score(self, inp: RoutingInput) -> float:
+    def scores(self, inp: RoutingInput) -> list[float]:
+        """One score per tier (before the temperature)."""
         keys, weight, dense = keyed_features(inp)
-        return weight * sum(map(self._known.get, keys, repeat(0.0))) + sum(map(float.__mul__, self._dense, dense))
+        rows = list(map(self._row.get, keys, repeat(0)))
+        return [weight * sum(map(column.__getitem__, rows)) + sum(map(float.__mul__, dense_weights, dense))
+                for column, dense_weights in zip(self._columns, self._dense)]
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
-        return tier_probabilities(self.score(inp), self.cuts, self.temperature)
+        return softmax(self.scores(inp), self.temperature)
 
     def decide(self, inp: RoutingInput) -> Decision:
         probs = self.probabilities(inp)
@@ -91,14 +97,11 @@ class LocalClassifier:
         return Decision(TIERS[chosen], probs, chosen > max(range(len(TIERS)), key=probs.__getitem__))
 
 
-def tier_probabilities(score: float, cuts, temperature: float) -> tuple[float, ...]:
-    """Each tier's chance, from the chances of needing more than each tier (cuts ascending)."""
-    above = [1.0] + [_sigmoid((score - cut) / temperature) for cut in cuts] + [0.0]
-    return tuple(max(0.0, above[k] - above[k + 1]) for k in range(len(TIERS)))
-
-
-def _sigmoid(z: float) -> float:
-    return 1.0 / (1.0 + math.exp(-z)) if z > -60 else 0.0
+def softmax(scores, temperature: float) -> tuple[float, ...]:
+    top = max(scores)
+    exps = [math.exp((s - top) / temperature) for s in scores]
+    total = sum(exps)
+    return tuple(e / total for e in exps)
 
 
 def pick(probs, route_up) -> int:

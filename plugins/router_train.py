@@ -1,12 +1,12 @@
 """`gateway router-train`: fit svc/smart's local classifier on the labelled set.
 
 Needs the `train` extra (numpy); the gateway itself never imports this module's numpy.
-The model is ordinal (see router_model): one weight vector and three cut points, fitted
-on the train split by full-batch Adam on the all-threshold logistic loss (for each cut,
-"does this request need more than tier k?"). On the validation split it then picks the
-regularisation, fits a temperature so the chances are calibrated, and picks the route-up
-thresholds (one per cut): the most exact that keep under-routing at most `--max-under` on
-validation.
+The model is multinomial (see router_model): one weight vector per tier over hashed keys and
+dense features, fitted on the train split by full-batch Adam on the softmax cross-entropy.
+Keys that occur in fewer than MIN_COUNT training requests are left out, in training and in the
+shipped table alike. On the validation split it then picks the regularisation, fits a
+temperature so the chances are calibrated, and picks the route-up thresholds (one per tier
+below frontier): the most exact that keep under-routing at most `--max-under` on validation.
 The shipped weights are refitted on train and validation together with those choices.
 The test split is never read here.
 """
@@ -16,14 +16,16 @@ import itertools
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from . import hookimpl
-from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, features, from_messages, keyed_features
-from .router_model import TIERS, WEIGHTS, LocalClassifier, pick, tier_probabilities
+from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, from_messages, keyed_features, slot
+from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
-REGULARISATION = (3e-5, 1e-4, 3e-4)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
+REGULARISATION = (3e-7, 1e-6, 3e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
+MIN_COUNT = 2                         # a key must occur in this many training requests to count
 DENSE_SHARE = 0.3
 TEMPERATURES = tuple(t / 20 for t in range(6, 81))
 ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
@@ -41,13 +43,22 @@ def load_set(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-class Matrix:
-    """The feature rows of a split, in the shapes numpy needs."""
+def vocabulary(items: list[dict]) -> set[str]:
+    """The keys that occur in at least MIN_COUNT of these requests: the model's known keys."""
+    seen: Counter = Counter()
+    for item in items:
+        seen.update(set(keyed_features(routing_input(item))[0]))
+    return {key for key, count in seen.items() if count >= MIN_COUNT}
 
-    def __init__(self, np, items: list[dict]):
+
+class Matrix:
+    """The feature rows of a split, in the shapes numpy needs (only known keys count)."""
+
+    def __init__(self, np, items: list[dict], known: set[str]):
         rows, slots, values, dense = [], [], [], []
         for r, item in enumerate(items):
-            s, w, d = features(routing_input(item))
+            keys, w, d = keyed_features(routing_input(item))
+            s = [slot(key) for key in keys if key in known]
             rows += [r] * len(s)
             slots += s
             values += [w] * len(s)
@@ -58,36 +69,44 @@ class Matrix:
         self.y = np.array([TIERS.index(item["tier"]) for item in items], dtype=np.int64)
 
     def scores(self, np, w):
-        return np.bincount(self.rows, weights=w[self.slots] * self.values, minlength=self.n) + self.dense @ w[BUCKETS:]
+        """(n, tiers) scores for weights w of shape (FEATURES, tiers)."""
+        hashed = np.stack([np.bincount(self.rows, weights=w[self.slots, t] * self.values, minlength=self.n)
+                           for t in range(w.shape[1])], axis=1)
+        return hashed + self.dense @ w[BUCKETS:]
 
 
-def fit(np, m: Matrix, l2: float, steps: int = 400, rate: float = 0.05):
-    """-> (weights, ascending cuts). Full-batch Adam on the all-threshold logistic loss plus
-    an L2 penalty (not on the bias); classes weigh alike."""
-    w, cuts = np.zeros(FEATURES), np.arange(len(TIERS) - 1, dtype=float) - 1.0
-    penalty = np.full(FEATURES, 1.0)
+def fit(np, m: Matrix, l2: float, steps: int = 600, rate: float = 0.05):
+    """-> weights (FEATURES, tiers). Full-batch Adam on the softmax cross-entropy plus an L2
+    penalty (not on the bias)."""
+    k = len(TIERS)
+    w = np.zeros((FEATURES, k))
+    penalty = np.full((FEATURES, 1), 1.0)
     penalty[BUCKETS:] = DENSE_SHARE
     penalty[BUCKETS + DENSE.index("bias")] = 0.0
-    above = (m.y[:, None] > np.arange(len(TIERS) - 1)[None]).astype(float)
-    moments = [[np.zeros_like(w), np.zeros_like(w)], [np.zeros_like(cuts), np.zeros_like(cuts)]]
+    onehot = np.eye(k)[m.y]
+    first, second = np.zeros_like(w), np.zeros_like(w)
     for t in range(1, steps + 1):
-        g = (1 / (1 + np.exp(cuts[None] - m.scores(np, w)[:, None])) - above) / m.n
-        per_row = g.sum(axis=1)
-        grad_w = np.empty(FEATURES)
-        grad_w[:BUCKETS] = np.bincount(m.slots, weights=m.values * per_row[m.rows], minlength=BUCKETS)
-        grad_w[BUCKETS:] = m.dense.T @ per_row
-        grad_w += l2 * penalty * w
-        for param, grad, (first, second) in ((w, grad_w, moments[0]), (cuts, -g.sum(axis=0), moments[1])):
-            first *= 0.9
-            first += 0.1 * grad
-            second *= 0.999
-            second += 0.001 * grad * grad
-            param -= rate * (first / (1 - 0.9 ** t)) / (np.sqrt(second / (1 - 0.999 ** t)) + 1e-8)
-    return w, np.sort(cuts)
+        g = (_softmax(np, m.scores(np, w)) - onehot) / m.n
+        grad = np.empty_like(w)
+        for tier in range(k):
+            grad[:BUCKETS, tier] = np.bincount(m.slots, weights=m.values * g[m.rows, tier], minlength=BUCKETS)
+        grad[BUCKETS:] = m.dense.T @ g
+        grad += l2 * penalty * w
+        first *= 0.9
+        first += 0.1 * grad
+        second *= 0.999
+        second += 0.001 * grad * grad
+        w -= rate * (first / (1 - 0.9 ** t)) / (np.sqrt(second / (1 - 0.999 ** t)) + 1e-8)
+    return w
 
 
-def probabilities(np, scores, cuts, temperature: float):
-    return np.array([tier_probabilities(float(s), cuts, temperature) for s in scores])
+def _softmax(np, scores):
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def probabilities(np, scores, temperature: float):
+    return _softmax(np, scores / temperature)
 
 
 def nll(np, probs, y) -> float:
@@ -116,7 +135,7 @@ def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
     return chosen, {"exact": round(best[0], 3), "within_one": round(best[1], 3), "under": round(-best[2], 3)}, curve
 
 
-def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
+def train(data: Path, out: Path, max_under: float, steps: int = 600) -> dict:
     try:
         import numpy as np
     except ImportError:
@@ -125,25 +144,25 @@ def train(data: Path, out: Path, max_under: float, steps: int = 400) -> dict:
     train_items = [i for i in items if i["split"] == "train"]
     valid_items = [i for i in items if i["split"] == "validation"]
     started = time.perf_counter()
-    tr, va = Matrix(np, train_items), Matrix(np, valid_items)
-    calibrated = {}
+    known = vocabulary(train_items)
+    tr, va = Matrix(np, train_items, known), Matrix(np, valid_items, known)
+    tried = {}
     for l2 in REGULARISATION:
-        w, cuts = fit(np, tr, l2, steps)
-        scores = va.scores(np, w)
-        temperature = min(TEMPERATURES, key=lambda t: nll(np, probabilities(np, scores, cuts, t), va.y))
-        probs = probabilities(np, scores, cuts, temperature)
-        calibrated[l2] = (nll(np, probs, va.y), temperature, probs)
-    l2 = min(calibrated, key=lambda k: calibrated[k][0])
-    _, temperature, probs = calibrated[l2]
-    route_up, valid, curve = choose_route_up(np, probs, va.y, max_under)
-    meta = {"version": 2, "temperature": temperature, "route_up": route_up, "l2": l2,
+        scores = va.scores(np, fit(np, tr, l2, steps))
+        temperature = min(TEMPERATURES, key=lambda t: nll(np, probabilities(np, scores, t), va.y))
+        probs = probabilities(np, scores, temperature)
+        route_up, valid, curve = choose_route_up(np, probs, va.y, max_under)
+        tried[l2] = ((valid["exact"], valid["within_one"], -nll(np, probs, va.y)), temperature, probs, route_up, valid, curve)
+    l2 = max(tried, key=lambda k: tried[k][0])
+    _, temperature, probs, route_up, valid, curve = tried[l2]
+    meta = {"temperature": temperature, "route_up": route_up, "l2": l2, "min_count": MIN_COUNT,
             "trained_on": len(train_items) + len(valid_items),
             "validation": {"items": len(valid_items), **valid,
                            "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
                            "shared_route_up_curve": curve}}
-    w, cuts = fit(np, Matrix(np, train_items + valid_items), l2, steps)
-    known = {key for item in train_items + valid_items for key in keyed_features(routing_input(item))[0]}
-    LocalClassifier.save(out, {**meta, "cuts": cuts.tolist()}, w.tolist(), known)
+    known = vocabulary(train_items + valid_items)
+    w = fit(np, Matrix(np, train_items + valid_items, known), l2, steps)
+    LocalClassifier.save(out, meta, w.reshape(-1).tolist(), known)
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta
 
@@ -161,5 +180,5 @@ def gateway_register_commands(subparsers):
     p.add_argument("--out", default=str(WEIGHTS), help="where to write the model")
     p.add_argument("--max-under", type=float, default=0.05,
                    help="the most under-routing to accept on validation when choosing the route-up threshold")
-    p.add_argument("--steps", type=int, default=400, help="optimiser steps per fit")
+    p.add_argument("--steps", type=int, default=600, help="optimiser steps per fit")
     p.set_defaults(func=cmd_router_train)

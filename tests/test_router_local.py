@@ -179,18 +179,26 @@ def test_every_disagreement_with_the_second_labelling_pass_is_settled():
 
 def test_the_gateway_table_gives_the_weights_training_fitted():
     """A decision looks keys up in the model's table instead of hashing them; for requests of
-    the set (whose keys are all known) that must give exactly the trained score."""
-    from plugins.router_features import DENSE, FEATURES, features
+    the set that must give exactly the scores of the trained hashed weights over the known keys."""
+    from array import array
+
+    from plugins.router_features import DENSE, FEATURES, keyed_features, slot
+    from plugins.router_model import TIERS
     from plugins.router_train import load_set, routing_input
     model = shipped()
     raw = (ROOT / "plugins" / "router_model.bin").read_bytes()
-    from array import array
     head, _, rest = raw.partition(b"\n")
+    size = json.loads(head)["known_bytes"]
+    known = set(rest[:size].decode().split("\n"))
     weights = array("f")
-    weights.frombytes(rest[json.loads(head)["known_bytes"]:])
+    weights.frombytes(rest[size:])
+    n = len(TIERS)
     items = load_set(ROOT / "bench/router_set.jsonl")
-    for item in [i for i in items if i["split"] != "test"][:200:7]:
-        slots, weight, dense = features(routing_input(item))
-        hashed = weight * sum(weights[s] for s in slots) + sum(
-            w * d for w, d in zip(weights[FEATURES - len(DENSE):], dense))
-        assert model.score(routing_input(item)) == pytest.approx(hashed, rel=1e-9, abs=1e-9)
+    for item in [i for i in items if i["split"] != "test"][:400:7]:
+        keys, weight, dense = keyed_features(routing_input(item))
+        slots = [slot(key) for key in keys if key in known]
+        assert slots, "a request of the set with no known key"
+        hashed = [weight * sum(weights[s * n + t] for s in slots)
+                  + sum(weights[(FEATURES - len(DENSE) + j) * n + t] * d for j, d in enumerate(dense))
+                  for t in range(n)]
+        assert model.scores(routing_input(item)) == pytest.approx(hashed, rel=1e-6, abs=1e-9)
