@@ -248,8 +248,11 @@ class _Request:
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
             self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
-            async with asyncio.timeout(self.wait):
+            if self.wait is None:           # the provider's total deadline is the only bound
                 self._resp = await self._cm.__aenter__()
+            else:
+                async with asyncio.timeout(self.wait):
+                    self._resp = await self._cm.__aenter__()
             return self._resp
         except asyncio.TimeoutError:
             raise UpstreamError(502, f"{self.p.name} did not answer in time", code="upstream_timeout") from None

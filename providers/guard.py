@@ -71,6 +71,11 @@ async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse, 
     declared = resp.content_length
     if declared is not None and declared > cap:
         raise _too_large(provider, cap)
+    if resp.content.is_eof():              # the whole body is here already: no read can stall
+        body = await resp.content.read()
+        if len(body) > cap:
+            raise _too_large(provider, cap)
+        return body
     chunks, size = [], 0
     try:
         while True:

@@ -29,8 +29,11 @@ async def read_json(request: web.Request) -> Any:
     """The request body as JSON; an empty, malformed or too deeply nested body is a 400
     that says so. The whole body must arrive within the server's request deadline (408)."""
     try:
-        async with asyncio.timeout(request.app[CONFIG].server.request_timeout_seconds):
+        if request.content.is_eof():        # the whole body came with the headers: nothing to wait for
             raw = await request.read()
+        else:
+            async with asyncio.timeout(request.app[CONFIG].server.request_timeout_seconds):
+                raw = await request.read()
     except TimeoutError:
         raise GatewayError(408, "the request body did not arrive in time; send it faster or smaller",
                            code="request_timeout", headers={"Connection": "close"}) from None
