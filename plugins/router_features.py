@@ -16,8 +16,8 @@ import zlib
 from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
-NGRAMS = (2, 3, 4)
-QUESTION_CAP = 160                # characters of question that give n-grams (head and tail): bounds the time
+NGRAMS = (2, 3, 4, 5)
+QUESTION_CAP = 320                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
 SCAN_CAP = 300                    # characters of question that the markers and counts read
