@@ -149,7 +149,7 @@ def smart_config(fake, **router):
     cfg["models"]["chat"].append({"id": "up/classifier", "provider": "up", "upstream": "gpt-4o-mini",
                                   **UPSTREAM_PRICES})
     cfg["router"] = {"tiers": {"easy": "demo/echo", "medium": "up/free", "hard": "up/paid", "frontier": "up/big"},
-                     "classifier": {"model": "up/classifier", "timeout_ms": 200}, **router}
+                     "classifier": {"model": "up/classifier", "timeout_ms": 1000}, **router}
     return cfg
 
 
