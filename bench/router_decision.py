@@ -3,7 +3,9 @@
 One decision is everything the gateway does for it: features from the request, the
 linear model, the calibrated route-up rule. Requests of several sizes are timed one at a
 time, up to 8 kB of text (a long pasted e-mail with a question; a long question with no
-paste; a conversation with tools). Wall time is what a caller waits; CPU time (this
+paste, made of distinct sentences so that its n-grams are as varied as real text; a
+conversation with tools), and then every request of the labelled set's test split once
+each (real requests, after one warm-up pass). Wall time is what a caller waits; CPU time (this
 thread's) is the same minus the moments another process had the core, which on a shared
 machine is the steadier figure. Prints one JSON object.
 """
@@ -20,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plugins.router_features import RoutingInput  # noqa: E402
 from plugins.router_model import shipped  # noqa: E402
+from plugins.router_train import DEFAULT_SET, load_set, routing_input  # noqa: E402
 
 PASTE = ("Hi all, thanks for the patience while we sorted the venue. We start at 9:30 on Thursday because the "
          "7:45 train only gets in at 9:05; rooms are booked for one night, dinner is at 7pm, and the budget "
@@ -29,8 +32,10 @@ REQUESTS = {
     "design request (600 B)": RoutingInput(("Design a multi-region payments ledger with exactly-once transfers, "
                                             "RPO 0, RTO under 30 s, and a zero-downtime migration plan. ") * 4),
     "8 kB paste + easy question": RoutingInput((PASTE * 40)[:8000] + "\n\nWhat time do we start on Thursday?"),
-    "8 kB question, no paste": RoutingInput(("Prove the bound and check every step of the argument carefully, "
-                                             "because the constants matter here. ") * 80),
+    "8 kB question, no paste": RoutingInput(" ".join(
+        f"Step {i}: check that the bound on term {i * 7 % 31} holds for every n above {i * 13 % 97}, "
+        f"and say which of lemmas {chr(65 + i % 26)} and {chr(65 + (i * 5) % 26)} it rests on."
+        for i in range(80))[:8000]),
     "8 kB conversation with tools": RoutingInput("And now plan the rollout with the tools, step by step.",
                                                  history=(PASTE * 40)[:8000], tools=6),
 }
@@ -59,7 +64,18 @@ def main() -> int:
         return 2
     for inp in REQUESTS.values():          # warm up
         model.decide(inp)
-    print(json.dumps({name: timed(model, inp, args.runs) for name, inp in REQUESTS.items()}, indent=2))
+    result = {name: timed(model, inp, args.runs) for name, inp in REQUESTS.items()}
+    test = [routing_input(item) for item in load_set(DEFAULT_SET) if item.get("split") == "test"]
+    for inp in test:
+        model.decide(inp)
+    spread = [timed(model, inp, 1) for inp in test]
+    wall = sorted(t["wall_median_us"] for t in spread)
+    cpu = sorted(t["cpu_median_us"] for t in spread)
+    p99 = int(0.99 * (len(test) - 1))
+    result[f"test split ({len(test)} requests, one decision each)"] = {
+        "chars_max": max(len(i.last) + len(i.history) for i in test), "wall_median_us": wall[len(wall) // 2],
+        "wall_p99_us": wall[p99], "cpu_median_us": cpu[len(cpu) // 2], "cpu_p99_us": cpu[p99]}
+    print(json.dumps(result, indent=2))
     return 0
 
 

@@ -1,8 +1,8 @@
 """svc/smart's local classifier: a multinomial linear model over `router_features`, shipped in the package.
 
 Each tier has one weight per feature; a request's scores go through a softmax (divided by a
-temperature fitted on the validation split, so the chances are calibrated). Four scores
-cost one pass over the request's keys: each known key maps to a row of four weights. The
+temperature fitted on the validation split, so the chances are calibrated). The scores
+cost one lookup per key of the request and two sums (see `LocalClassifier.__init__`). The
 weights file is made by `gateway router-train` (which needs the `train` extra); reading it
 and deciding need only the standard library, so a gateway runs offline with nothing to
 download. The file lists the keys (n-grams, words) that occur in at least two training
@@ -48,12 +48,18 @@ class LocalClassifier:
         self.meta = meta
         self.temperature = float(meta["temperature"])
         self.route_up = tuple(float(a) for a in meta["route_up"])
+        # Softmax ignores a constant added to every score, so scores are kept relative to the
+        # first tier's: three per key, two of them packed in one complex number, so a decision
+        # is two C-level sums over the request's keys instead of four.
         n = len(TIERS)
         dense_at = (FEATURES - len(DENSE)) * n
-        self._dense = [weights[dense_at + t::n].tolist() for t in range(n)]
+        dense = [weights[dense_at + t::n].tolist() for t in range(n)]
+        self._dense = [[w - base for w, base in zip(dense[t], dense[0])] for t in range(1, n)]
         # row 0 is the unknown key's (all zero); known key i is row i + 1
         self._row = {key: i for i, key in enumerate(known, 1)}
-        self._columns = [array("d", [0.0] + [weights[slot(key) * n + t] for key in known]) for t in range(n)]
+        at = [slot(key) * n for key in known]
+        self._pair = [0j] + [complex(weights[a + 1] - weights[a], weights[a + 2] - weights[a]) for a in at]
+        self._third = array("d", [0.0] + [weights[a + 3] - weights[a] for a in at])
 
     # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights,
     # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones ----
@@ -82,11 +88,13 @@ class LocalClassifier:
 
     # ---- inference ------------------------------------------------------------------------
     def scores(self, inp: RoutingInput) -> list[float]:
-        """One score per tier (before the temperature)."""
+        """One score per tier, relative to the first tier's (before the temperature)."""
         keys, weight, dense = keyed_features(inp)
         rows = list(map(self._row.get, keys, repeat(0)))
-        return [weight * sum(map(column.__getitem__, rows)) + sum(map(float.__mul__, dense_weights, dense))
-                for column, dense_weights in zip(self._columns, self._dense)]
+        pair = sum(map(self._pair.__getitem__, rows))
+        third = sum(map(self._third.__getitem__, rows))
+        d1, d2, d3 = (sum(map(float.__mul__, w, dense)) for w in self._dense)
+        return [0.0, weight * pair.real + d1, weight * pair.imag + d2, weight * third + d3]
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
         return softmax(self.scores(inp), self.temperature)

@@ -3,6 +3,9 @@
 `python bench/router_set/agreement.py SECOND.jsonl` reads {"id", "tier"} lines and prints the
 agreement rate, Cohen's kappa, the confusion between the passes and every disagreement, so
 each one can be settled by the rubric (docs/routing-rubric.md).
+
+`--settled SETTLED.jsonl` compares the first pass as it was before the disagreements were
+settled (each settled row gives its first label back): the agreement the two passes had.
 """
 from __future__ import annotations
 
@@ -15,8 +18,12 @@ TIERS = ("easy", "medium", "hard", "frontier")
 SET = Path(__file__).resolve().parent.parent / "router_set.jsonl"
 
 
-def main(second_path: str) -> None:
+def main(second_path: str, settled_path: str | None = None) -> None:
     first = {r["id"]: r for r in map(json.loads, SET.read_text().splitlines())}
+    if settled_path:
+        for row in map(json.loads, Path(settled_path).read_text().splitlines()):
+            if row["id"] in first:
+                first[row["id"]] = {**first[row["id"]], "tier": row["first"]}
     second = {r["id"]: r["tier"] for r in map(json.loads, Path(second_path).read_text().splitlines()) if r.get("tier")}
     both = [i for i in first if i in second]
     agree = sum(first[i]["tier"] == second[i] for i in both)
@@ -35,4 +42,6 @@ def main(second_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    settled = args[args.index("--settled") + 1] if "--settled" in args else None
+    main(args[0], settled)
