@@ -162,6 +162,7 @@ def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:
     keys += ["\x01" + w for w in words]
     keys += ["\x02" + a + " " + b for a, b in zip(words, words[1:])]
     keys += ["\x03" + w for w in _WORDS.findall(inp.history[-HISTORY_CAP:].lower())]
+    keys = list(dict.fromkeys(keys))
     weight = 1.0 / math.sqrt(len(keys)) if keys else 0.0
     scan = _ends(question, SCAN_CAP)
     cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))

@@ -49,17 +49,14 @@ class LocalClassifier:
         self.temperature = float(meta["temperature"])
         self.route_up = tuple(float(a) for a in meta["route_up"])
         # Softmax ignores a constant added to every score, so scores are kept relative to the
-        # first tier's: three per key, two of them packed in one complex number, so a decision
-        # is two C-level sums over the request's keys instead of four.
+        # first tier's: three per key. Each known key's three are packed, in fixed point, into
+        # one integer (digits of base 2**64, signed), so a decision is one dict lookup per key
+        # and one C-level sum; packing is linear, so the sum unpacks into the three sums.
         n = len(TIERS)
         dense_at = (FEATURES - len(DENSE)) * n
         dense = [weights[dense_at + t::n].tolist() for t in range(n)]
         self._dense = [[w - base for w, base in zip(dense[t], dense[0])] for t in range(1, n)]
-        # row 0 is the unknown key's (all zero); known key i is row i + 1
-        self._row = {key: i for i, key in enumerate(known, 1)}
-        at = [slot(key) * n for key in known]
-        self._pair = [0j] + [complex(weights[a + 1] - weights[a], weights[a + 2] - weights[a]) for a in at]
-        self._third = array("d", [0.0] + [weights[a + 3] - weights[a] for a in at])
+        self._packed = {key: _pack(weights, slot(key) * n) for key in known}
 
     # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights,
     # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones ----
@@ -90,11 +87,14 @@ class LocalClassifier:
     def scores(self, inp: RoutingInput) -> list[float]:
         """One score per tier, relative to the first tier's (before the temperature)."""
         keys, weight, dense = keyed_features(inp)
-        rows = list(map(self._row.get, keys, repeat(0)))
-        pair = sum(map(self._pair.__getitem__, rows))
-        third = sum(map(self._third.__getitem__, rows))
-        d1, d2, d3 = (sum(map(float.__mul__, w, dense)) for w in self._dense)
-        return [0.0, weight * pair.real + d1, weight * pair.imag + d2, weight * third + d3]
+        total = sum(map(self._packed.get, keys, repeat(0)))
+        sums = []
+        for _ in range(len(TIERS) - 1):
+            digit = (total + _HALF) % _BASE - _HALF
+            sums.append(digit)
+            total = (total - digit) // _BASE
+        scale = weight / _SCALE
+        return [0.0] + [s * scale + sum(map(float.__mul__, w, dense)) for s, w in zip(sums, self._dense)]
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
         return softmax(self.scores(inp), self.temperature)
@@ -103,6 +103,17 @@ class LocalClassifier:
         probs = self.probabilities(inp)
         chosen = pick(probs, self.route_up)
         return Decision(TIERS[chosen], probs, chosen > max(range(len(TIERS)), key=probs.__getitem__))
+
+
+_SCALE = 1 << 24                   # fixed point for the packed weights: steps of 6e-8
+_BASE = 1 << 64                    # room for the sum of ten thousand keys' weights, either sign
+_HALF = _BASE >> 1
+
+
+def _pack(weights, at: int) -> int:
+    """The key's three weights relative to the first tier's, as signed base-2**64 digits."""
+    first = weights[at]
+    return sum(round((weights[at + t] - first) * _SCALE) * _BASE ** (t - 1) for t in range(1, len(TIERS)))
 
 
 def softmax(scores, temperature: float) -> tuple[float, ...]:

@@ -25,7 +25,7 @@ from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
 REGULARISATION = (3e-7, 1e-6, 3e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
-MIN_COUNT = 2                         # a key must occur in this many training requests to count
+MIN_COUNT = 5                         # a key must occur in this many training requests to count
 DENSE_SHARE = 0.3
 TEMPERATURES = tuple(t / 20 for t in range(6, 81))
 ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
