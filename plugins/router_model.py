@@ -5,9 +5,9 @@ temperature fitted on the validation split, so the chances are calibrated). The 
 cost one lookup per key of the request and two sums (see `LocalClassifier.__init__`). The
 weights file is made by `gateway router-train` (which needs the `train` extra); reading it
 and deciding need only the standard library, so a gateway runs offline with nothing to
-download. The file lists the keys (n-grams, words) that occur in at least two training
-requests, and training reads only those keys, so the gateway's table and the trained model
-give the same scores (a key never seen in training counts zero). The decision routes up under
+download. The file lists the keys (n-grams, words) that occur in enough training requests
+(router_train.MIN_COUNT), and training reads only those keys, so the gateway's table and
+the trained model give the same scores (a key never seen in training counts zero). The decision routes up under
 uncertainty: it takes the lowest tier whose chance of being too low is at most `route_up` -
 one threshold per tier below frontier, chosen on the validation split, since sending a hard
 request to medium risks more than sending a medium one to easy.

@@ -26,6 +26,7 @@ from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
 REGULARISATION = (3e-7, 1e-6, 3e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
 MIN_COUNT = 5                         # a key must occur in this many training requests to count
+STEPS = 600                           # optimiser steps per fit
 DENSE_SHARE = 0.3
 TEMPERATURES = tuple(t / 20 for t in range(6, 81))
 ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
@@ -75,7 +76,7 @@ class Matrix:
         return hashed + self.dense @ w[BUCKETS:]
 
 
-def fit(np, m: Matrix, l2: float, steps: int = 600, rate: float = 0.05):
+def fit(np, m: Matrix, l2: float, steps: int = STEPS, rate: float = 0.05):
     """-> weights (FEATURES, tiers). Full-batch Adam on the softmax cross-entropy plus an L2
     penalty (not on the bias)."""
     k = len(TIERS)
@@ -135,7 +136,7 @@ def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
     return chosen, {"exact": round(best[0], 3), "within_one": round(best[1], 3), "under": round(-best[2], 3)}, curve
 
 
-def train(data: Path, out: Path, max_under: float, steps: int = 600) -> dict:
+def train(data: Path, out: Path, max_under: float, steps: int = STEPS) -> dict:
     try:
         import numpy as np
     except ImportError:
@@ -180,5 +181,5 @@ def gateway_register_commands(subparsers):
     p.add_argument("--out", default=str(WEIGHTS), help="where to write the model")
     p.add_argument("--max-under", type=float, default=0.05,
                    help="the most under-routing to accept on validation when choosing the route-up threshold")
-    p.add_argument("--steps", type=int, default=600, help="optimiser steps per fit")
+    p.add_argument("--steps", type=int, default=STEPS, help="optimiser steps per fit")
     p.set_defaults(func=cmd_router_train)
