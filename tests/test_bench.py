@@ -25,3 +25,35 @@ async def test_null_proxy_relays_the_fake_upstream(aiohttp_server):
     assert stats["requests"] >= 2 and stats["errors"] == 0
     assert 8 <= stats["gap_p50_ms"] <= 30           # 10 ms between chunks: relayed as they come
     assert stats["ttfb_p50_ms"] < stats["total_p50_ms"]
+
+
+def test_instruction_counts_repeat(tmp_path):
+    """bench/instructions.py's measure is only useful if it repeats: two counts of the null
+    proxy, over different numbers of calls, agree per call to within a few percent."""
+    import shutil
+
+    from tests.servers import unavailable
+
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        unavailable("valgrind", "valgrind")
+    import subprocess
+
+    import instructions
+
+    up = instructions.free_port()
+    upstream = subprocess.Popen([sys.executable, str(instructions.HERE / "fake_upstream.py"), "--port", str(up)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        instructions.wait_ready(f"http://127.0.0.1:{up}/v1/chat/completions", b"{}")
+        counts = []
+        for calls in (40, 80):
+            port = instructions.free_port()
+            counts.append(instructions.counted(
+                [sys.executable, str(instructions.HERE / "null_proxy.py"), "--port", str(port), "--upstream",
+                 f"http://127.0.0.1:{up}/v1/chat/completions"], f"http://127.0.0.1:{port}/api/v1/chat/completions",
+                f"http://127.0.0.1:{port}/api/v1/chat/completions", instructions.BODIES["chat"], "", calls, 4,
+                tmp_path))
+    finally:
+        upstream.terminate()
+    assert counts[0] > 100_000                      # a relayed call is hundreds of thousands of instructions
+    assert abs(counts[0] - counts[1]) / counts[1] < 0.05, counts
