@@ -23,7 +23,8 @@ SKIPPED_ON_PURPOSE = {"the set-up commands: this suite is what they run",
                       "needs a funded wallet and an x402 facilitator",
                       "installs a system package and runs for minutes",
                       "needs a container engine",
-                      "builds the one-file binary: tests/test_pyz.py builds and runs it"}
+                      "builds the one-file binary: tests/test_pyz.py builds and runs it",
+                      "runs for minutes under valgrind: tests/test_bench.py runs a short count"}
 
 
 def blocks() -> list[tuple[str, str, str | None]]:
