@@ -202,6 +202,7 @@ class RedisLimits:
         self._owed: dict[str, _Owed] = {}
         self._seq = 0
         self._flusher: asyncio.Task | None = None
+        self._closing = False
         self.clock = clock
 
     async def take(self, buckets):
@@ -229,6 +230,7 @@ class RedisLimits:
 
     async def close(self) -> None:
         """Send every credit still owed (at shutdown, once calls have settled)."""
+        self._closing = True
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.wait([self._flusher])
@@ -271,7 +273,7 @@ class RedisLimits:
         return [float(v) for v in out]
 
     def _start_flusher(self) -> None:
-        if self._flusher is None:
+        if self._flusher is None and not self._closing:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:

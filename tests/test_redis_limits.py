@@ -175,3 +175,13 @@ async def test_a_refused_call_still_lands_the_credit_it_carried(redis_client):
     assert not store._owed
     assert 300 - 1 <= await level(store, key) <= 300 + 5
     await store.close()
+
+
+async def test_what_is_owed_is_sent_at_shutdown(start_gateway, redis_url, redis_client):
+    gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 300}}})
+    key, _ = await gw.key(1)
+    assert (await post(gw, CHAT, {**HI, "max_tokens": 200}, key))[0] == 200
+    bucket = await tpm_key(redis_client)
+    assert float(await redis_client.hget(bucket, "tokens")) < 100
+    await gw.server.close()                    # well before the flush delay
+    assert float(await redis_client.hget(bucket, "tokens")) >= 300 - USED - 1
