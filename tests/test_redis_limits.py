@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from plugins import limitstores
 from plugins.errors import GatewayError
 from plugins.limitstores import FLUSH_SECONDS, TAKE_SCRIPT, Bucket, RedisLimits
 from tests.test_moderation_limits import HI, post
@@ -39,7 +40,8 @@ async def tpm_key(client) -> bytes:
 
 
 async def test_unused_tokens_come_back_with_the_next_call_in_the_same_round_trip(start_gateway, redis_url,
-                                                                                 redis_client):
+                                                                                 redis_client, monkeypatch):
+    monkeypatch.setattr(limitstores, "FLUSH_SECONDS", 30.0)       # however slow the machine: no flush here
     gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 300}}})
     key, _ = await gw.key(1)
     before = await script_calls(redis_client)
@@ -78,7 +80,7 @@ async def test_concurrent_calls_never_take_more_than_the_bucket_holds(start_gate
     """Streams held open (the demo pauses between words), so every admitted call still holds
     its tokens while the others are admitted: exactly as many as the bucket pays for."""
     gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 1000}},
-                              "providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.05}}})
+                              "providers": {"demo": {"type": "demo", "stream_delay_seconds": 0.1}}})
     key, _ = await gw.key(1)
     assert (await post(gw, CHAT, {**HI, "max_tokens": 499}, key))[0] == 200      # 500 taken, 482 owed
     for _ in range(2):
@@ -90,7 +92,8 @@ async def test_concurrent_calls_never_take_more_than_the_bucket_holds(start_gate
     assert sorted(statuses) == [200] * 3 + [429] * 9
 
 
-async def test_one_script_call_per_call_under_load(start_gateway, redis_url, redis_client):
+async def test_one_script_call_per_call_under_load(start_gateway, redis_url, redis_client, monkeypatch):
+    monkeypatch.setattr(limitstores, "FLUSH_SECONDS", 30.0)
     gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"rpm": 10 ** 6, "tpm": 10 ** 9}}})
     key, _ = await gw.key(10)
     body = {**HI, "max_tokens": 200}                  # each call gives back 183 tokens
