@@ -9,6 +9,8 @@ Two kinds of limit, both "per minute":
 """
 from __future__ import annotations
 
+import asyncio
+import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +46,9 @@ class LimitStore(Protocol):
 
     async def give_back(self, bucket: Bucket) -> None:
         """Return `bucket.cost` unused tokens to a token bucket (never above capacity)."""
+
+    async def close(self) -> None:
+        """Finish what is owed to the store (at shutdown)."""
 
 
 class MemoryLimits:
@@ -86,29 +91,24 @@ class MemoryLimits:
         left, _ = self._level(bucket, now)
         self.buckets[bucket.key] = (min(bucket.capacity, left + bucket.cost), now)
 
+    async def close(self):
+        pass
 
-# KEYS: the limits; ARGV: (window 1|0, cost, capacity) per limit. Redis's own clock, so every
-# process agrees on time. Windows are sorted sets of take times (member: time and count,
-# unique); token buckets are hashes. A limit untouched for a minute is full again, so its
-# key may expire.
-_COMMON = """
+
+# KEYS: the limits, then one marker per limit that carries a credit; ARGV: (window 1|0, cost,
+# capacity, credit, seq) per limit. Redis's own clock, so every process agrees on time. Windows
+# are sorted sets of take times (member: time and count, unique); token buckets are hashes. A
+# limit untouched for a minute is full again, so its key may expire.
+#
+# A credit is tokens a process gives back to a token bucket, carried by its next take (see
+# RedisLimits). It is credited first (never above capacity), whether or not the take is then
+# refused, and at most once: its marker holds the last `seq` this process credited to that
+# bucket, so a call resent after a lost answer credits nothing twice.
+TAKE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function arg(i, j) return ARGV[3 * (i - 1) + j] end
-local function level(i)
-  local cost, cap = tonumber(arg(i, 2)), tonumber(arg(i, 3))
-  if arg(i, 1) == '1' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - 60)
-    local left = cap - redis.call('ZCARD', KEYS[i])
-    if left >= cost then return left, 0 end
-    local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
-    return left, (oldest[2] and tonumber(oldest[2]) + 60 - now or 0)
-  end
-  local b = redis.call('HMGET', KEYS[i], 'tokens', 'at')
-  local left = cap
-  if b[1] then left = math.min(cap, tonumber(b[1]) + (now - tonumber(b[2])) * cap / 60) end
-  return left, (cost - left) * 60 / cap
-end
+local n = #ARGV / 5
+local function arg(i, j) return ARGV[5 * (i - 1) + j] end
 local function put(i, left)
   local cost, cap = tonumber(arg(i, 2)), tonumber(arg(i, 3))
   if arg(i, 1) == '1' then
@@ -120,50 +120,94 @@ local function put(i, left)
   end
   redis.call('PEXPIRE', KEYS[i], 61000)
 end
-"""
-TAKE_SCRIPT = _COMMON + """
-local levels = {}
-for i = 1, #KEYS do
-  local left, wait = level(i)
-  levels[i] = string.format('%.6f', left)
-  if left < tonumber(arg(i, 2)) then
+local levels, credited, marker = {}, {}, n
+for i = 1, n do
+  local cap = tonumber(arg(i, 3))
+  local left
+  if arg(i, 1) == '1' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - 60)
+    left = cap - redis.call('ZCARD', KEYS[i])
+  else
+    local b = redis.call('HMGET', KEYS[i], 'tokens', 'at')
+    left = cap
+    if b[1] then left = math.min(cap, tonumber(b[1]) + (now - tonumber(b[2])) * cap / 60) end
+    local credit = tonumber(arg(i, 4))
+    if credit > 0 then
+      marker = marker + 1
+      local seq = tonumber(arg(i, 5))
+      if seq > tonumber(redis.call('GET', KEYS[marker]) or '0') then
+        left = math.min(cap, left + credit)
+        redis.call('SET', KEYS[marker], arg(i, 5), 'PX', 120000)
+        credited[i] = true
+      end
+    end
+  end
+  levels[i] = left
+end
+for i = 1, n do
+  local cost, cap = tonumber(arg(i, 2)), tonumber(arg(i, 3))
+  if levels[i] < cost then
+    local wait = (cost - levels[i]) * 60 / cap
+    if arg(i, 1) == '1' then
+      local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+      wait = oldest[2] and tonumber(oldest[2]) + 60 - now or 0
+    end
+    for j = 1, n do if credited[j] then put(j, levels[j]) end end
     local out = {tostring(i)}
-    for j = 1, i do out[#out + 1] = levels[j] end
+    for j = 1, i do out[#out + 1] = string.format('%.6f', levels[j]) end
     out[#out + 1] = string.format('%.6f', wait)
     return out
   end
 end
 local out = {'0'}
-for i = 1, #KEYS do
-  local before = tonumber(levels[i])
-  local after = before - tonumber(arg(i, 2))
-  if arg(i, 1) == '1' then put(i, before) else put(i, after) end
+for i = 1, n do
+  local after = tonumber(string.format('%.6f', levels[i])) - tonumber(arg(i, 2))
+  if arg(i, 1) == '1' then put(i, levels[i]) else put(i, after) end
   out[#out + 1] = string.format('%.6f', after)
 end
 return out
 """
-GIVE_BACK_SCRIPT = _COMMON + """
-local left = level(1)
-put(1, math.min(tonumber(arg(1, 3)), left + tonumber(arg(1, 2))))
-return 1
-"""
+FLUSH_SECONDS = 1.0       # tokens given back reach Redis with the key's next take, or within about this
+GIVE_UP_SECONDS = 60.0    # a credit Redis never confirmed is dropped: by then the bucket has refilled
+CLOSE_SECONDS = 5.0       # at most this long sending what is owed at shutdown
+
+
+@dataclass(slots=True)
+class _Owed:
+    """Tokens this process owes one token bucket."""
+    capacity: float
+    tokens: float = 0.0      # given back, not sent yet
+    since: float = 0.0       # when the oldest of them was given back
+    sent: float = 0.0        # sent under `seq`, not known to have landed (0: nothing)
+    seq: int = 0
+    first_sent: float = 0.0
+    last_sent: float = 0.0
+    busy: bool = False       # a script call carrying `sent` is under way
 
 
 class RedisLimits:
     """Limits shared by every process, under `gw:rl:{who}:rpm|tpm`. The braces keep one
-    caller's limits in one Redis Cluster slot, so one script can take them all."""
+    caller's limits in one Redis Cluster slot, so one script can take them all.
 
-    def __init__(self, client):
-        self._take = client.register_script(TAKE_SCRIPT)
-        self._give_back = client.register_script(GIVE_BACK_SCRIPT)
+    One round trip per admission: `give_back` only notes what this process owes a bucket,
+    and the bucket's next `take` from this process credits it in the same script call. A
+    flusher sends what no take carried within FLUSH_SECONDS; `close` sends the rest. A bucket
+    has at most one credit under way, and one whose answer was lost is resent as it was (same
+    `seq`), so a credit lands once and never early: giving back late only makes a caller wait
+    a little longer."""
 
-    @staticmethod
-    def _args(buckets: list[Bucket]) -> list:
-        return [x for b in buckets for x in (int(b.window), b.cost, b.capacity)]
+    def __init__(self, client, clock=time.monotonic):
+        self._script = client.register_script(TAKE_SCRIPT)
+        self._marker = f":given:{secrets.token_hex(8)}"      # this process's credit markers
+        self._owed: dict[str, _Owed] = {}
+        self._seq = 0
+        self._flusher: asyncio.Task | None = None
+        self._closing = False
+        self.clock = clock
 
     async def take(self, buckets):
         try:
-            out = [float(v) for v in await self._take(keys=[b.key for b in buckets], args=self._args(buckets))]
+            out = await self._call(buckets)
         except (RedisError, OSError) as exc:
             log.error("rate_limit_store_unreachable", error=str(exc))
             raise GatewayError(503, "rate limits cannot be checked right now (the shared store is unreachable); "
@@ -175,7 +219,94 @@ class RedisLimits:
         return Admission(refused - 1, out[1:-1], out[-1])
 
     async def give_back(self, bucket):
+        owed = self._owed.get(bucket.key)
+        if owed is None:
+            owed = self._owed[bucket.key] = _Owed(bucket.capacity)
+        if not owed.tokens:
+            owed.since = self.clock()
+        owed.tokens += bucket.cost
+        owed.capacity = bucket.capacity
+        self._start_flusher()
+
+    async def close(self) -> None:
+        """Send every credit still owed (at shutdown, once calls have settled)."""
+        self._closing = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.wait([self._flusher])
         try:
-            await self._give_back(keys=[bucket.key], args=self._args([bucket]))
-        except (RedisError, OSError) as exc:      # the bucket refills on its own within a minute
+            await asyncio.wait_for(self._flush(everything=True), CLOSE_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        for owed in self._owed.values():
+            if owed.sent or owed.tokens:
+                log.warning("rate_limit_give_back_failed", tokens=owed.sent + owed.tokens)
+
+    async def _call(self, buckets: list[Bucket]) -> list[float]:
+        """One script call: takes `buckets`, crediting first what this process owes them."""
+        now, args, markers, carried = self.clock(), [], [], []
+        for b in buckets:
+            owed = None if b.window else self._owed.get(b.key)
+            if owed is not None and not owed.busy:
+                if not owed.sent and owed.tokens:          # nothing unconfirmed: send what is owed
+                    self._seq += 1
+                    owed.sent, owed.seq, owed.first_sent, owed.tokens = owed.tokens, self._seq, now, 0.0
+                if owed.sent:
+                    owed.busy, owed.last_sent = True, now
+                    carried.append((b.key, owed))
+                    markers.append(b.key + self._marker)
+                    args += (int(b.window), b.cost, b.capacity, owed.sent, owed.seq)
+                    continue
+            args += (int(b.window), b.cost, b.capacity, 0, 0)
+        try:
+            out = await self._script(keys=[b.key for b in buckets] + markers, args=args)
+        except BaseException:            # it may or may not have run: resend those credits as they were
+            for _, owed in carried:
+                owed.busy = False
+            if carried:
+                self._start_flusher()
+            raise
+        for key, owed in carried:
+            owed.sent, owed.busy = 0.0, False
+            if not owed.tokens and self._owed.get(key) is owed:
+                del self._owed[key]
+        return [float(v) for v in out]
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and not self._closing:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        try:
+            while self._owed:
+                await asyncio.sleep(FLUSH_SECONDS / 4)
+                await self._flush()
+        finally:
+            self._flusher = None
+
+    async def _flush(self, everything: bool = False) -> None:
+        """Send, each in a take of nothing, the credits no take carried within FLUSH_SECONDS
+        (and retry, as often, those whose answer was lost)."""
+        now, due = self.clock(), []
+        for key, owed in list(self._owed.items()):
+            if owed.busy:
+                continue
+            if owed.sent and now - owed.first_sent > GIVE_UP_SECONDS:
+                log.warning("rate_limit_give_back_dropped", tokens=owed.sent)
+                owed.sent = 0.0
+            if owed.sent and (everything or now - owed.last_sent >= FLUSH_SECONDS) or \
+                    owed.tokens and (everything or now - owed.since >= FLUSH_SECONDS):
+                due.append(self._give(key, owed.capacity))
+            elif not owed.sent and not owed.tokens:
+                del self._owed[key]
+        if due:
+            await asyncio.gather(*due)
+
+    async def _give(self, key: str, capacity: float) -> None:
+        owed = self._owed.get(key)
+        if owed is None or owed.busy or not (owed.sent or owed.tokens):      # a take carried it meanwhile
+            return
+        try:
+            await self._call([Bucket(key, 0, capacity)])
+        except (RedisError, OSError) as exc:       # kept, and sent again on the next round
             log.warning("rate_limit_give_back_failed", error=str(exc))

@@ -9,7 +9,8 @@
 Admission checks and takes both at once, all or nothing, so concurrent calls can never
 overshoot and a refused call takes nothing. Where they live is a `LimitStore`
 (plugins/limitstores.py): in process by default, or in Redis with `redis:` (one Lua script
-per admission: one round trip, atomic across every gateway process).
+per admission: one round trip, atomic across every gateway process; the tokens given back
+ride on the key's next admission).
 """
 from __future__ import annotations
 
@@ -58,12 +59,16 @@ def gateway_register_settings(register):
 def gateway_configure(app, config):
     section: LimitsSection = config.settings("limits")
     app[LIMITS] = Limits(section.per_key, section.per_address, MemoryLimits())
-    app.on_startup.append(_use_redis)
+    app.cleanup_ctx.append(_use_redis)
 
 
-async def _use_redis(app: web.Application) -> None:
+async def _use_redis(app: web.Application):
+    """After the Redis connection opens (and, in reverse, before it closes: once the calls
+    have settled, what is still owed to the buckets is sent)."""
     if REDIS in app:
         app[LIMITS].store = RedisLimits(app[REDIS])
+    yield
+    await app[LIMITS].store.close()
 
 
 def _who(request: web.Request, principal) -> tuple[str, Rule]:
