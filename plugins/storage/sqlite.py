@@ -75,6 +75,9 @@ class Engine:
 
     def _send_batch(self) -> None:
         batch, self._pending = self._pending, []
+        if self._closed:                 # queued while the database was closing: nobody will run it
+            self._batch_done(batch, False, RuntimeError("the database is closed"))
+            return
         self._jobs.put((_run_batch, ([(f, a) for f, a, _ in batch],), asyncio.get_running_loop(),
                         self._batch_done, batch))
 
