@@ -180,24 +180,27 @@ def check_async_safe(pm: pluggy.PluginManager) -> None:
 
 def _impls(hook) -> list:
     """pluggy's call order (tryfirst, then the latest registered, then trylast), as
-    (function, argument names) pairs; cached until the registered impls change."""
+    (function, its one argument's name or None, argument names) triples; cached until the
+    registered impls change."""
     current = hook._hookimpls              # pluggy's own list: read, never copied, on the hot path
     cached = _ORDER.get(hook)
     if cached is None or cached[0] != len(current):
-        cached = _ORDER[hook] = (len(current), [(i.function, tuple(i.argnames)) for i in reversed(current)])
+        cached = _ORDER[hook] = (len(current), [
+            (i.function, i.argnames[0] if len(i.argnames) == 1 else None, tuple(i.argnames)) for i in reversed(current)])
     return cached[1]
 
 
-_ORDER: dict = {}      # hook caller -> (impl count, ordered (function, argnames)); plugins register at start
+_ORDER: dict = {}      # hook caller -> (impl count, ordered impls as _impls gives them); plugins register at start
 
 
 # An impl may be a plain function or a coroutine function: its result is awaited only when
 # it is awaitable, inline (no wrapper coroutine per impl: this runs a few dozen times a call).
+# Most impls take one argument (ctx): that one is passed without building an argument list.
 
 async def acall_first(hook, **kw):
     """Await impls in pluggy order; return the first non-None result (real short-circuit)."""
-    for function, argnames in _impls(hook):
-        res = function(*[kw[a] for a in argnames])
+    for function, one, argnames in _impls(hook):
+        res = function(kw[one]) if one is not None else function(*[kw[a] for a in argnames])
         if res is not None and hasattr(res, "__await__"):
             res = await res
         if res is not None:
@@ -209,8 +212,8 @@ async def acall_all(hook, **kw) -> list:
     """Await every impl in order (sequentially, so impls may build on each other's changes
     to ctx); return the non-None results."""
     results = []
-    for function, argnames in _impls(hook):
-        res = function(*[kw[a] for a in argnames])
+    for function, one, argnames in _impls(hook):
+        res = function(kw[one]) if one is not None else function(*[kw[a] for a in argnames])
         if res is not None and hasattr(res, "__await__"):
             res = await res
         if res is not None:
@@ -222,12 +225,19 @@ def has_impls(hook) -> bool:
     return bool(hook.get_hookimpls())
 
 
+_NOTHING_AROUND = contextlib.nullcontext()
+
+
+def around(pm: pluggy.PluginManager, ctx):
+    """Enter every `gateway_request_wrapper` context manager; replaces `wrapper=True`.
+    Without any (the usual case) a shared no-op context manager."""
+    if not _impls(pm.hook.gateway_request_wrapper):
+        return _NOTHING_AROUND
+    return _around(pm, ctx)
+
+
 @contextlib.asynccontextmanager
-async def around(pm: pluggy.PluginManager, ctx):
-    """Enter every `gateway_request_wrapper` context manager; replaces `wrapper=True`."""
-    if not pm.hook.gateway_request_wrapper.get_hookimpls():
-        yield
-        return
+async def _around(pm: pluggy.PluginManager, ctx):
     async with contextlib.AsyncExitStack() as stack:
         for cm in await acall_all(pm.hook.gateway_request_wrapper, ctx=ctx):
             await stack.enter_async_context(cm)

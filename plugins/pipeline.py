@@ -13,7 +13,6 @@ unless tracing is on, see plugins/tracing)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import structlog
@@ -46,8 +45,17 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
         async with around(request.app[PM], ctx):
             await run_stages(ctx, spans)
             with spans.call(ctx):
-                async with upstream_call(ctx):
+                # The upstream stage: a GatewayError is recorded on the call, and the call is
+                # settled exactly once however it ends (success, failure, or a client that left).
+                ctx.upstream_started = time.monotonic()
+                try:
                     return await serve(ctx)
+                except GatewayError as err:
+                    ctx.status = err.status
+                    ctx.note_error(err)
+                    raise
+                finally:
+                    await finish(ctx)
     except GatewayError as err:
         if ctx.finish_task is None:       # refused before the upstream stage: no settlement, no usage row
             log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
@@ -81,26 +89,11 @@ def check_servable(ctx: CallContext) -> None:
     first, since setting a key would not help), and its provider has what it needs (400
     naming what the operator must set)."""
     model, provider = ctx.route.model, ctx.route.provider
-    if model.lifecycle.retired(utc_today(ctx.request.app)):
+    if model.lifecycle.retires is not None and model.lifecycle.retired(utc_today(ctx.request.app)):
         raise model_retired(model.id, model.lifecycle)
     reason = provider.unavailable_reason()
     if reason:
         raise model_not_available(model.id, reason)
-
-
-@contextlib.asynccontextmanager
-async def upstream_call(ctx: CallContext):
-    """Around the provider call: a GatewayError is recorded on the call, and the call is
-    settled exactly once however it ends (success, failure, or a client that left)."""
-    ctx.upstream_started = time.monotonic()
-    try:
-        yield
-    except GatewayError as err:
-        ctx.status = err.status
-        ctx.note_error(err)
-        raise
-    finally:
-        await finish(ctx)
 
 
 async def succeeded(ctx: CallContext) -> None:

@@ -9,10 +9,14 @@
   error with `Retry-After` and closed at once, so the process never runs out of files.
 - At start the process raises its own open-file limit to the hard limit.
 - SIGTERM and SIGINT stop it gracefully (in-flight calls finish within 30 s).
+- The cyclic garbage collector runs after 10,000 new objects rather than Python's 700: the
+  objects of calls in flight are walked far less often (about 2% of a call's instructions
+  at 20 calls in flight); garbage without cycles is freed at once either way.
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import resource
 import signal
 
@@ -22,6 +26,7 @@ from aiohttp import web
 
 log = structlog.get_logger("gateway")
 SPARE_FILES = 256       # kept for the database, upstream connections and logs under a full house
+GC_YOUNG_OBJECTS = 10_000   # new objects between collections of the youngest generation
 
 
 def raise_open_file_limit() -> int:
@@ -87,6 +92,7 @@ async def serve(app: web.Application, host: str, port: int, settings, *, reuse_p
     except BaseException:                # e.g. the port is taken: close what start-up opened (sessions, stores)
         await runner.cleanup()
         raise
+    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
     log.info("serving", host=host, port=port, open_file_limit=files, max_connections=cap,
              keepalive_seconds=settings.keepalive_seconds, request_timeout_seconds=settings.request_timeout_seconds)
     stop = asyncio.Event()

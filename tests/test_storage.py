@@ -303,3 +303,31 @@ async def test_plugin_migrations_run_once_per_engine(url):
     await store.close()
     with pytest.raises(ValueError, match="no SQL for"):
         await open_storage(url, [("5002_x", {"mysql": "SELECT 1"})])
+
+
+async def test_sqlite_a_failing_write_is_undone_alone_in_its_batch(tmp_path):
+    """Writes sent together share one commit; one that fails halfway keeps none of its work,
+    and the others of its batch are committed and answered as if it had not been there."""
+    from plugins.storage.sqlite import Engine
+
+    def add(conn, n):
+        conn.execute("INSERT INTO t (n) VALUES (?)", (n,))
+        return n
+
+    def add_then_fail(conn, n):
+        conn.execute("INSERT INTO t (n) VALUES (?)", (n,))
+        raise LookupError(f"no {n}")
+
+    engine = Engine(str(tmp_path / "batch.db"))
+    await engine.open([("0001_t", "CREATE TABLE t (n INTEGER)")])
+    try:
+        for failing in (0, 2, 4):         # first, middle and last of the batch
+            await engine.transaction(lambda conn: conn.execute("DELETE FROM t"))
+            ops = [engine.transaction(add_then_fail if i == failing else add, i) for i in range(5)]
+            results = await asyncio.gather(*ops, return_exceptions=True)
+            assert [type(r) if isinstance(r, Exception) else r for r in results] == \
+                [LookupError if i == failing else i for i in range(5)]
+            rows = await engine.run(lambda conn: [r[0] for r in conn.execute("SELECT n FROM t ORDER BY n")])
+            assert rows == [i for i in range(5) if i != failing]
+    finally:
+        await engine.close()

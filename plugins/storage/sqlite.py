@@ -3,17 +3,19 @@
 Every write is a function run on that thread, so an operation of several statements costs
 one thread hop, and because the thread runs one function at a time, each is atomic
 against every other without a lock. Group commit: every write joins the next batch; one
-hop runs the whole batch inside BEGIN ... COMMIT, each function in its own savepoint (one
-failing function is rolled back alone), and every caller is answered after that commit:
-as durable as one transaction each, at a fraction of the cost under load.
+hop runs the whole batch inside BEGIN ... COMMIT, and every caller is answered after that
+commit: as durable as one transaction each, at a fraction of the cost under load. Should
+a function of the batch fail, the batch is rolled back and run again with each function in
+its own savepoint, so that only the failing one is undone.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import sqlite3
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -33,41 +35,80 @@ KEY_COLUMNS = ("id, account_id, prefix, name, agent_id, created_at, revoked_at, 
 
 
 class Engine:
-    """The connection, its thread, and the batch of writes waiting for the next commit."""
+    """The connection, its thread, and the batch of writes waiting for the next commit.
+
+    The thread takes jobs from a queue and answers each through the event loop with one
+    callback (no executor futures): a hop costs a queue put and a loop wake-up."""
 
     def __init__(self, path: str):
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._path = path
         self._conn: sqlite3.Connection | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="sqlite", daemon=True)
+        self._thread.start()
         self._pending: list[tuple[Callable, tuple, asyncio.Future]] = []
-        self._flushing: asyncio.Task | None = None
+        self._batching = False           # a batch is due to be sent or is on the thread
+        self._drained: asyncio.Future | None = None
+        self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` on the connection's thread, outside any transaction (reads)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, self._conn, *args)
+        if self._closed:
+            raise RuntimeError("the database is closed")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((fn, args, loop, _resolve, future))
+        return await future
 
     async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` atomically in the next committed batch. Once queued it runs
         even if the caller is cancelled."""
-        future = asyncio.get_running_loop().create_future()
+        if self._closed:
+            raise RuntimeError("the database is closed")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._pending.append((fn, args, future))
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+        if not self._batching:           # the batch leaves once this turn of the loop has added to it
+            self._batching = True
+            loop.call_soon(self._send_batch)
         return await future
 
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    results = await self.run(_run_batch, [(f, a) for f, a, _ in batch])
-                except BaseException as exc:      # the COMMIT itself failed: nobody's work stuck
-                    results = [(False, exc)] * len(batch)
-                for (_, _, future), (ok, value) in zip(batch, results):
-                    if not future.done():
-                        future.set_result(value) if ok else future.set_exception(value)
-        finally:
-            self._flushing = None
+    def _send_batch(self) -> None:
+        batch, self._pending = self._pending, []
+        if self._closed:                 # queued while the database was closing: nobody will run it
+            self._batch_done(batch, False, RuntimeError("the database is closed"))
+            return
+        self._jobs.put((_run_batch, ([(f, a) for f, a, _ in batch],), asyncio.get_running_loop(),
+                        self._batch_done, batch))
+
+    def _batch_done(self, batch: list, ok: bool, value: Any) -> None:
+        results = value if ok else [(False, value)] * len(batch)   # the COMMIT itself failed: nobody's work stuck
+        for (_, _, future), (fine, result) in zip(batch, results):
+            if not future.done():
+                future.set_result(result) if fine else future.set_exception(result)
+        if self._pending:
+            self._send_batch()
+        else:
+            self._batching = False
+            if self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
+
+    def _serve(self) -> None:
+        """The connection's thread: run each job, hand its outcome to the loop."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args, loop, answer, target = job
+            try:
+                value, ok = fn(self._conn, *args), True
+            except BaseException as exc:
+                value, ok = exc, False
+            try:
+                loop.call_soon_threadsafe(answer, target, ok, value)
+            except RuntimeError:         # the loop has closed: nobody is waiting
+                pass
+            del job, fn, args, target, value     # hold nothing while idle
 
     async def open(self, migrations: list[tuple[str, str]]) -> None:
         def connect(_):
@@ -76,31 +117,55 @@ class Engine:
         await self.run(_setup, migrations)
 
     async def close(self) -> None:
-        if self._flushing is not None:          # let the last batch commit first
-            await self._flushing
+        if self._batching:                       # let the last batch commit first
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+        if self._closed:
+            return
         await self.run(lambda conn: conn.close())
-        self._thread.shutdown(wait=True)
+        self._closed = True
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if not future.done():
+        future.set_result(value) if ok else future.set_exception(value)
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
     if len(ops) == 1:                   # alone in its batch: its transaction is its savepoint
         return [_run_one(conn, *ops[0])]
     conn.execute("BEGIN IMMEDIATE")
-    results: list[tuple[bool, Any]] = []
     try:
-        for fn, args in ops:
-            conn.execute("SAVEPOINT op")
-            try:
-                results.append((True, fn(conn, *args)))
-                conn.execute("RELEASE op")
-            except Exception as exc:
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                results.append((False, exc))
+        try:                            # the usual case: every function succeeds, no savepoints needed
+            results = [(True, fn(conn, *args)) for fn, args in ops]
+        except Exception:
+            # One failed: undo the batch and run it again, each function in its own savepoint so
+            # that only a failing one is rolled back. The functions do database work only, so
+            # the others do the same again.
+            conn.execute("ROLLBACK")
+            conn.execute("BEGIN IMMEDIATE")
+            results = _each_in_savepoint(conn, ops)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
+    return results
+
+
+def _each_in_savepoint(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
+    results: list[tuple[bool, Any]] = []
+    for fn, args in ops:
+        conn.execute("SAVEPOINT op")
+        try:
+            results.append((True, fn(conn, *args)))
+            conn.execute("RELEASE op")
+        except Exception as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            results.append((False, exc))
     return results
 
 
