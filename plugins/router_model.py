@@ -1,8 +1,12 @@
-"""svc/smart's local classifier: a multinomial linear model over `router_features`, shipped in the package.
+"""svc/smart's local classifier: a cumulative linear model over `router_features`, shipped in the package.
 
-Each tier has one weight per feature; a request's scores go through a softmax (divided by a
-temperature fitted on the validation split, so the chances are calibrated). The scores
-cost one lookup per key of the request and two sums (see `LocalClassifier.__init__`). The
+Tiers are ordered, and routing asks one question per step between neighbouring tiers: is this
+request too much for easy, for medium, for hard? The model answers each with its own binary
+logistic model (one weight per feature and cut), scaled by a temperature per cut fitted on the
+validation split so the chances are calibrated; a tier's chance is the difference between the
+chances of needing more than the tier below and more than itself (made monotone first). Fitting
+the cuts directly calibrates exactly the chances the route-up rule reads. The scores cost one
+lookup per key of the request and two sums (see `LocalClassifier.__init__`). The
 weights file is made by `gateway router-train` (which needs the `train` extra); reading it
 and deciding need only the standard library, so a gateway runs offline with nothing to
 download. The file lists the keys (n-grams, words) that occur in enough training requests
@@ -26,7 +30,7 @@ from pathlib import Path
 from .router_features import DENSE, FEATURES, RoutingInput, keyed_features, slot
 
 TIERS = ("easy", "medium", "hard", "frontier")
-VERSION = 3                        # the file format and model kind; an older file is refused
+VERSION = 4                        # the file format and model kind; an older file is refused
 WEIGHTS = Path(__file__).resolve().parent / "router_model.bin"
 
 
@@ -46,12 +50,13 @@ class LocalClassifier:
         if meta.get("dense") != list(DENSE) or meta.get("version") != VERSION or len(weights) != FEATURES * len(TIERS):
             raise ValueError("the router model does not match this version's features; retrain it")
         self.meta = meta
-        self.temperature = float(meta["temperature"])
+        self.temperatures = tuple(float(t) for t in meta["temperatures"])
         self.route_up = tuple(float(a) for a in meta["route_up"])
-        # Softmax ignores a constant added to every score, so scores are kept relative to the
-        # first tier's: three per key. Each known key's three are packed, in fixed point, into
-        # one integer (digits of base 2**64, signed), so a decision is one dict lookup per key
-        # and one C-level sum; packing is linear, so the sum unpacks into the three sums.
+        # The cut scores are the three columns after the first, which training leaves at zero
+        # (they are taken relative to it all the same). Each known key's three are packed, in
+        # fixed point, into one integer (digits of base 2**64, signed), so a decision is one
+        # dict lookup per key and one C-level sum; packing is linear, so the sum unpacks into
+        # the three sums.
         n = len(TIERS)
         dense_at = (FEATURES - len(DENSE)) * n
         dense = [weights[dense_at + t::n].tolist() for t in range(n)]
@@ -59,7 +64,8 @@ class LocalClassifier:
         self._packed = {key: _pack(weights, slot(key) * n) for key in known}
 
     # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights,
-    # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones ----
+    # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones. Column t
+    # (t >= 1) scores the chance of needing more than tier t - 1; column 0 is zero ----
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "LocalClassifier":
         raw = path.read_bytes()
@@ -85,7 +91,8 @@ class LocalClassifier:
 
     # ---- inference ------------------------------------------------------------------------
     def scores(self, inp: RoutingInput) -> list[float]:
-        """One score per tier, relative to the first tier's (before the temperature)."""
+        """[0, then per cut the log-odds (before its temperature) of needing more than easy,
+        more than medium, more than hard]: the weights' columns relative to the first (zero) one."""
         keys, weight, dense = keyed_features(inp)
         total = sum(map(self._packed.get, keys, repeat(0)))
         sums = []
@@ -97,7 +104,7 @@ class LocalClassifier:
         return [0.0] + [s * scale + sum(map(float.__mul__, w, dense)) for s, w in zip(sums, self._dense)]
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
-        return softmax(self.scores(inp), self.temperature)
+        return tier_chances(self.scores(inp)[1:], self.temperatures)
 
     def decide(self, inp: RoutingInput) -> Decision:
         probs = self.probabilities(inp)
@@ -116,11 +123,17 @@ def _pack(weights, at: int) -> int:
     return sum(round((weights[at + t] - first) * _SCALE) * _BASE ** (t - 1) for t in range(1, len(TIERS)))
 
 
-def softmax(scores, temperature: float) -> tuple[float, ...]:
-    top = max(scores)
-    exps = [math.exp((s - top) / temperature) for s in scores]
-    total = sum(exps)
-    return tuple(e / total for e in exps)
+def tier_chances(cuts, temperatures) -> tuple[float, ...]:
+    """Per tier, from each cut's log-odds of needing more than that tier: the chances of needing
+    more, made non-increasing up the tiers, and their differences."""
+    more, above = [], 1.0
+    for score, temperature in zip(cuts, temperatures):
+        z = score / temperature
+        chance = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        above = min(above, chance)
+        more.append(above)
+    lower = [1.0] + more
+    return tuple(lower[t] - (more[t] if t < len(more) else 0.0) for t in range(len(lower)))
 
 
 def pick(probs, route_up) -> int:

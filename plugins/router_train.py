@@ -1,12 +1,17 @@
 """`gateway router-train`: fit svc/smart's local classifier on the labelled set.
 
 Needs the `train` extra (numpy); the gateway itself never imports this module's numpy.
-The model is multinomial (see router_model): one weight vector per tier over hashed keys and
-dense features, fitted on the train split by full-batch Adam on the softmax cross-entropy.
-Keys that occur in fewer than MIN_COUNT training requests are left out, in training and in the
-shipped table alike. On the validation split it then picks the regularisation, fits a
-temperature so the chances are calibrated, and picks the route-up thresholds (one per tier
-below frontier): the most exact that keep under-routing at most `--max-under` on validation.
+The model is cumulative (see router_model): one binary logistic model per cut between
+neighbouring tiers ("needs more than easy", "... than medium", "... than hard") over hashed
+keys and dense features, fitted together on the train split by full-batch Adam on their
+cross-entropies. The targets are soft where the set's two labelling passes disagreed: the
+settled tier weighs 1 - SOFT and the other label(s) SOFT (the set's `second_pass.jsonl` and
+`settled.jsonl`, next to it in a folder of its name, when they exist), which tells the model
+where the rubric itself leaves room. Keys that occur in fewer than MIN_COUNT training requests
+are left out, in training and in the shipped table alike. On the validation split it then
+picks the regularisation, fits a temperature per cut so the chances are calibrated, and picks
+the route-up thresholds (one per tier below frontier): the most exact that keep under-routing
+at most `--max-under` on validation.
 The shipped weights are refitted on train and validation together with those choices.
 The test split is never read here.
 """
@@ -24,10 +29,11 @@ from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, from_messag
 from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
-REGULARISATION = (3e-7, 1e-6, 3e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
+REGULARISATION = (1e-7, 3e-7, 1e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
 MIN_COUNT = 5                         # a key must occur in this many training requests to count
-STEPS = 600                           # optimiser steps per fit
+STEPS = 150                           # optimiser steps per fit: few enough to stop early (a regulariser)
 DENSE_SHARE = 0.3
+SOFT = 0.3                            # the other labelling pass's share where the passes disagreed
 TEMPERATURES = tuple(t / 20 for t in range(6, 81))
 ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
             0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03)
@@ -44,6 +50,26 @@ def load_set(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def soft_labels(items: list[dict], data: Path) -> dict[str, dict[str, float]]:
+    """id -> {tier: weight} for the items whose labelling passes disagreed (the first label
+    from settled.jsonl, the second from second_pass.jsonl); other items are one-hot."""
+    here = Path(data).parent / Path(data).stem
+    if not (here / "second_pass.jsonl").exists() or not (here / "settled.jsonl").exists():
+        return {}
+    wanted = {item["id"]: item["tier"] for item in items}
+    second = {r["id"]: r["tier"] for r in load_set(here / "second_pass.jsonl") if r["id"] in wanted}
+    first = {r["id"]: r["first"] for r in load_set(here / "settled.jsonl") if r["id"] in wanted}
+    soft = {}
+    for item_id, tier in wanted.items():
+        others = [t for t in (first.get(item_id, tier), second.get(item_id, tier)) if t != tier and t in TIERS]
+        if others:
+            weights = {tier: 1 - SOFT}
+            for other in others:
+                weights[other] = weights.get(other, 0.0) + SOFT / len(others)
+            soft[item_id] = weights
+    return soft
+
+
 def vocabulary(items: list[dict]) -> set[str]:
     """The keys that occur in at least MIN_COUNT of these requests: the model's known keys."""
     seen: Counter = Counter()
@@ -55,7 +81,7 @@ def vocabulary(items: list[dict]) -> set[str]:
 class Matrix:
     """The feature rows of a split, in the shapes numpy needs (only known keys count)."""
 
-    def __init__(self, np, items: list[dict], known: set[str]):
+    def __init__(self, np, items: list[dict], known: set[str], soft: dict | None = None):
         rows, slots, values, dense = [], [], [], []
         for r, item in enumerate(items):
             keys, w, d = keyed_features(routing_input(item))
@@ -68,26 +94,31 @@ class Matrix:
         self.rows, self.slots = np.array(rows, dtype=np.int64), np.array(slots, dtype=np.int64)
         self.values, self.dense = np.array(values), np.array(dense).reshape(self.n, len(DENSE))
         self.y = np.array([TIERS.index(item["tier"]) for item in items], dtype=np.int64)
+        target = np.eye(len(TIERS))[self.y]
+        for r, item in enumerate(items):
+            if item["id"] in (soft or {}):
+                target[r] = [soft[item["id"]].get(tier, 0.0) for tier in TIERS]
+        self.more = target[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]    # (n, cuts): chance of needing more than tier k
 
     def scores(self, np, w):
-        """(n, tiers) scores for weights w of shape (FEATURES, tiers)."""
+        """(n, columns) scores for weights w of shape (FEATURES, columns)."""
         hashed = np.stack([np.bincount(self.rows, weights=w[self.slots, t] * self.values, minlength=self.n)
                            for t in range(w.shape[1])], axis=1)
         return hashed + self.dense @ w[BUCKETS:]
 
 
 def fit(np, m: Matrix, l2: float, steps: int = STEPS, rate: float = 0.05):
-    """-> weights (FEATURES, tiers). Full-batch Adam on the softmax cross-entropy plus an L2
-    penalty (not on the bias)."""
-    k = len(TIERS)
+    """-> weights (FEATURES, cuts): per cut, the log-odds of needing more than that tier.
+    Full-batch Adam on the cuts' binary cross-entropies (soft targets) plus an L2 penalty (not
+    on the bias)."""
+    k = len(TIERS) - 1
     w = np.zeros((FEATURES, k))
     penalty = np.full((FEATURES, 1), 1.0)
     penalty[BUCKETS:] = DENSE_SHARE
     penalty[BUCKETS + DENSE.index("bias")] = 0.0
-    onehot = np.eye(k)[m.y]
     first, second = np.zeros_like(w), np.zeros_like(w)
     for t in range(1, steps + 1):
-        g = (_softmax(np, m.scores(np, w)) - onehot) / m.n
+        g = (1.0 / (1.0 + np.exp(-m.scores(np, w))) - m.more) / m.n
         grad = np.empty_like(w)
         for tier in range(k):
             grad[:BUCKETS, tier] = np.bincount(m.slots, weights=m.values * g[m.rows, tier], minlength=BUCKETS)
@@ -101,13 +132,29 @@ def fit(np, m: Matrix, l2: float, steps: int = STEPS, rate: float = 0.05):
     return w
 
 
-def _softmax(np, scores):
-    e = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+def more_chances(np, scores, temperatures):
+    """(n, cuts) calibrated chances of needing more than each tier, non-increasing up the tiers."""
+    more = 1.0 / (1.0 + np.exp(-scores / np.asarray(temperatures)))
+    return np.minimum.accumulate(more, axis=1)
 
 
-def probabilities(np, scores, temperature: float):
-    return _softmax(np, scores / temperature)
+def probabilities(np, scores, temperatures):
+    """(n, tiers) chances, as router_model.tier_chances gives them."""
+    more = more_chances(np, scores, temperatures)
+    n = len(more)
+    return np.hstack([np.ones((n, 1)), more]) - np.hstack([more, np.zeros((n, 1))])
+
+
+def fit_temperatures(np, scores, m: "Matrix") -> list[float]:
+    """Per cut, the temperature that gives the validation labels the least cross-entropy."""
+    chosen = []
+    for k in range(scores.shape[1]):
+        needs = m.y > k
+        def loss(t):
+            q = np.clip(1.0 / (1.0 + np.exp(-scores[:, k] / t)), 1e-12, 1 - 1e-12)
+            return float(-np.where(needs, np.log(q), np.log(1 - q)).mean())
+        chosen.append(min(TEMPERATURES, key=loss))
+    return chosen
 
 
 def nll(np, probs, y) -> float:
@@ -145,24 +192,27 @@ def train(data: Path, out: Path, max_under: float, steps: int = STEPS) -> dict:
     train_items = [i for i in items if i["split"] == "train"]
     valid_items = [i for i in items if i["split"] == "validation"]
     started = time.perf_counter()
+    soft = soft_labels(train_items + valid_items, data)
     known = vocabulary(train_items)
-    tr, va = Matrix(np, train_items, known), Matrix(np, valid_items, known)
+    tr, va = Matrix(np, train_items, known, soft), Matrix(np, valid_items, known)
     tried = {}
     for l2 in REGULARISATION:
         scores = va.scores(np, fit(np, tr, l2, steps))
-        temperature = min(TEMPERATURES, key=lambda t: nll(np, probabilities(np, scores, t), va.y))
-        probs = probabilities(np, scores, temperature)
+        temperatures = fit_temperatures(np, scores, va)
+        probs = probabilities(np, scores, temperatures)
         route_up, valid, curve = choose_route_up(np, probs, va.y, max_under)
-        tried[l2] = ((valid["exact"], valid["within_one"], -nll(np, probs, va.y)), temperature, probs, route_up, valid, curve)
+        tried[l2] = ((valid["exact"], valid["within_one"], -nll(np, probs, va.y)), temperatures, probs, route_up, valid, curve)
     l2 = max(tried, key=lambda k: tried[k][0])
-    _, temperature, probs, route_up, valid, curve = tried[l2]
-    meta = {"temperature": temperature, "route_up": route_up, "l2": l2, "min_count": MIN_COUNT,
+    _, temperatures, probs, route_up, valid, curve = tried[l2]
+    meta = {"temperatures": temperatures, "route_up": route_up, "l2": l2, "min_count": MIN_COUNT, "soft": SOFT,
+            "soft_items": len(soft),
             "trained_on": len(train_items) + len(valid_items),
             "validation": {"items": len(valid_items), **valid,
                            "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
                            "shared_route_up_curve": curve}}
     known = vocabulary(train_items + valid_items)
-    w = fit(np, Matrix(np, train_items + valid_items, known), l2, steps)
+    w = fit(np, Matrix(np, train_items + valid_items, known, soft), l2, steps)
+    w = np.hstack([np.zeros((FEATURES, 1)), w])        # the file's first column is zero (router_model)
     LocalClassifier.save(out, meta, w.reshape(-1).tolist(), known)
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta

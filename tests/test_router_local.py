@@ -203,5 +203,5 @@ def test_the_gateway_table_gives_the_weights_training_fitted():
         hashed = [weight * sum(weights[s * n + t] for s in slots)
                   + sum(weights[(FEATURES - len(DENSE) + j) * n + t] * d for j, d in enumerate(dense))
                   for t in range(n)]
-        relative = [score - hashed[0] for score in hashed]      # softmax ignores a shared constant
+        relative = [score - hashed[0] for score in hashed]      # the first column is zero
         assert model.scores(routing_input(item)) == pytest.approx(relative, rel=1e-6, abs=1e-5)  # fixed point
