@@ -282,6 +282,7 @@ class SSEReader:
     """
 
     def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None):
+        self.content = content
         self.reads = content.iter_any().__aiter__()
         self.provider = provider
         self.buffer = b""
@@ -299,9 +300,12 @@ class SSEReader:
     async def __anext__(self) -> tuple[str, bytes]:
         while not self.events:
             try:
-                async with asyncio.timeout(self.wait):
+                if self.content.is_eof():       # the rest is here already: no read can stall
                     data = await self.reads.__anext__()
-                self.wait = self.idle
+                else:
+                    async with asyncio.timeout(self.wait):
+                        data = await self.reads.__anext__()
+                    self.wait = self.idle
             except StopAsyncIteration:
                 self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
                 self.buffer = b""
@@ -313,21 +317,28 @@ class SSEReader:
             except aiohttp.ClientError as exc:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
-            self.buffer = self._split(self.buffer + data)
+            self.buffer = self._split(self.buffer + data if self.buffer else data)
             if len(self.buffer) > self.max_event:
                 raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
                                          f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
         return self.events.popleft()
 
     def _split(self, buffer: bytes) -> bytes:
-        if b"\r" in buffer:
+        """Queue the complete events in `buffer`; -> what is left of an incomplete one."""
+        if _CR in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
-        while (end := buffer.find(b"\n\n")) >= 0:
-            event = _parse_block(buffer[:end])
-            if event is not None:
-                self.events.append(event)
-            buffer = buffer[end + 2:]
-        return buffer
+        blocks = buffer.split(b"\n\n")
+        rest = blocks.pop()
+        append = self.events.append
+        for block in blocks:
+            if block[:6] == b"data: " and _LF not in block:     # most events: one data line
+                append(("", block[6:]))
+            elif (event := _parse_block(block)) is not None:
+                append(event)
+        return rest
+
+
+_CR, _LF = ord("\r"), ord("\n")     # `in` with a byte's value is a plain memchr, cheaper than with b"\n"
 
 
 def _parse_block(block: bytes) -> tuple[str, bytes] | None:

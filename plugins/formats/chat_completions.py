@@ -217,20 +217,26 @@ def usage_body(u: Usage | None) -> dict[str, Any]:
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
 
 
+DELTA_END = b'},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'    # a text chunk after its text
+
+
 class ChunkWriter(StreamWriter):
+    """Every chunk shares its head (id, created, model) and the tail after its delta: both
+    are rendered once, so a chunk costs one dumps of its delta."""
+
     def __init__(self, ctx: CallContext):
         self.ctx = ctx
         self.head = {"id": f"chatcmpl-{ctx.call_id}", "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": ctx.route.model.id}
+        self.prefix = b"data: " + orjson.dumps(self.head)[:-1] + b',"choices":[{"index":0,"delta":'
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-                 "usage": None}
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return b"".join((self.prefix, orjson.dumps(delta), b',"logprobs":null,"finish_reason":',
+                         orjson.dumps(finish), b'}],"usage":null}\n\n'))
 
     def event(self, ev) -> bytes:
         if isinstance(ev, TextDelta):
-            return self._chunk({"content": ev.text})
+            return b"".join((self.prefix, b'{"content":', orjson.dumps(ev.text), DELTA_END))
         if isinstance(ev, ToolCallDelta):
             return self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})
         if isinstance(ev, ToolCallStart):

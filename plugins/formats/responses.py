@@ -259,6 +259,10 @@ def response_object(ctx: CallContext, output: list, stop: str | None, usage: dic
             "previous_response_id": None, "store": False, **echoed_settings(ctx.chat.raw or {}), "usage": usage}
 
 
+TEXT_DELTA = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+TEXT_DELTA_END = b',"logprobs":[]}\n\n'
+
+
 class ResponseEventWriter(StreamWriter):
     """Canonical events -> responses events. Text and reasoning items close when another
     item starts; tool-call items stay open until the end (their deltas may interleave)."""
@@ -268,6 +272,8 @@ class ResponseEventWriter(StreamWriter):
         self.seq = 0
         self.items: list[dict[str, Any]] = []    # every output item, by output_index
         self.open_text: int | None = None
+        self.text: list[str] = []                # the open text item's deltas, joined when it closes
+        self.text_fields = b""                   # its delta events' fields between sequence number and delta
         self.open_reasoning: int | None = None
         self.tools: dict[int, int] = {}          # tool ordinal -> output_index
 
@@ -292,10 +298,12 @@ class ResponseEventWriter(StreamWriter):
                 item["content"].append(part)
                 out += added + self._ev("response.content_part.added", item_id=item["id"],
                                         output_index=self.open_text, content_index=0, part=part)
-            item = self.items[self.open_text]
-            item["content"][0]["text"] += ev.text
-            return out + self._ev("response.output_text.delta", item_id=item["id"], output_index=self.open_text,
-                                  content_index=0, delta=ev.text, logprobs=[])
+                self.text_fields = b',"item_id":%b,"output_index":%d,"content_index":0,"delta":' % (
+                    orjson.dumps(item["id"]), self.open_text)
+            self.text.append(ev.text)
+            self.seq += 1     # the event below, rendered from prebuilt parts: the bytes _ev would make
+            return b"".join((out, TEXT_DELTA, b"%d" % (self.seq - 1), self.text_fields, orjson.dumps(ev.text),
+                             TEXT_DELTA_END))
         if isinstance(ev, ToolCallDelta):
             index = self.tools[ev.index]
             item = self.items[index]
@@ -343,10 +351,17 @@ class ResponseEventWriter(StreamWriter):
                             output_index=self.open_reasoning, summary_index=0, delta=ev.text)
         return out
 
+    def _join_text(self) -> None:
+        """The open text item gets the text of its deltas so far."""
+        if self.open_text is not None:
+            self.items[self.open_text]["content"][0]["text"] = "".join(self.text)
+
     def _close_text(self) -> bytes:
+        self._join_text()
         index, self.open_text = self.open_text, None
         if index is None:
             return b""
+        self.text = []
         item = self.items[index]
         item["status"] = "completed"
         part = item["content"][0]
@@ -380,6 +395,7 @@ class ResponseEventWriter(StreamWriter):
         return done + self._ev("response.output_item.done", output_index=index, item=item)
 
     def error(self, err: GatewayError) -> bytes:
+        self._join_text()
         error = failure(err)
         return (self._ev("error", code=error["code"], message=err.message, param=None)
                 + self._ev("response.failed", response=response_object(self.ctx, self.items, None, None, error)))
