@@ -296,17 +296,17 @@ class RedisLimits:
                 owed.sent = 0.0
             if owed.sent and (everything or now - owed.last_sent >= FLUSH_SECONDS) or \
                     owed.tokens and (everything or now - owed.since >= FLUSH_SECONDS):
-                due.append(self._give(key, owed.capacity))
+                due.append(self._give(key))
             elif not owed.sent and not owed.tokens:
                 del self._owed[key]
         if due:
             await asyncio.gather(*due)
 
-    async def _give(self, key: str, capacity: float) -> None:
+    async def _give(self, key: str) -> None:
         owed = self._owed.get(key)
         if owed is None or owed.busy or not (owed.sent or owed.tokens):      # a take carried it meanwhile
             return
         try:
-            await self._call([Bucket(key, 0, capacity)])
+            await self._call([Bucket(key, 0, owed.capacity)])
         except (RedisError, OSError) as exc:       # kept, and sent again on the next round
             log.warning("rate_limit_give_back_failed", error=str(exc))

@@ -39,6 +39,17 @@ async def tpm_key(client) -> bytes:
     return keys[0]
 
 
+async def one_call_reserving_201_of_300(start_gateway, redis_url, redis_client):
+    """A gateway whose key may use 300 tokens a minute, after one call that reserved 201 and
+    used 18: -> (the gateway, the key, its bucket), which holds under 100 until the give-back lands."""
+    gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 300}}})
+    key, _ = await gw.key(1)
+    assert (await post(gw, CHAT, {**HI, "max_tokens": 200}, key))[0] == 200
+    bucket = await tpm_key(redis_client)
+    assert float(await redis_client.hget(bucket, "tokens")) < 100
+    return gw, key, bucket
+
+
 async def test_unused_tokens_come_back_with_the_next_call_in_the_same_round_trip(start_gateway, redis_url,
                                                                                  redis_client, monkeypatch):
     monkeypatch.setattr(limitstores, "FLUSH_SECONDS", 30.0)       # however slow the machine: no flush here
@@ -56,11 +67,7 @@ async def test_unused_tokens_come_back_with_the_next_call_in_the_same_round_trip
 
 
 async def test_an_idle_key_gets_its_tokens_back_after_the_flush_delay(start_gateway, redis_url, redis_client):
-    gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 300}}})
-    key, _ = await gw.key(1)
-    assert (await post(gw, CHAT, {**HI, "max_tokens": 200}, key))[0] == 200
-    bucket = await tpm_key(redis_client)
-    assert float(await redis_client.hget(bucket, "tokens")) < 100
+    gw, key, bucket = await one_call_reserving_201_of_300(start_gateway, redis_url, redis_client)
     before = await script_calls(redis_client)
     await asyncio.sleep(FLUSH_SECONDS + 0.6)
     assert float(await redis_client.hget(bucket, "tokens")) >= 300 - USED - 1      # given back with no call
@@ -181,10 +188,6 @@ async def test_a_refused_call_still_lands_the_credit_it_carried(redis_client):
 
 
 async def test_what_is_owed_is_sent_at_shutdown(start_gateway, redis_url, redis_client):
-    gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"tpm": 300}}})
-    key, _ = await gw.key(1)
-    assert (await post(gw, CHAT, {**HI, "max_tokens": 200}, key))[0] == 200
-    bucket = await tpm_key(redis_client)
-    assert float(await redis_client.hget(bucket, "tokens")) < 100
+    gw, key, bucket = await one_call_reserving_201_of_300(start_gateway, redis_url, redis_client)
     await gw.server.close()                    # well before the flush delay
     assert float(await redis_client.hget(bucket, "tokens")) >= 300 - USED - 1

@@ -84,8 +84,7 @@ class Engine:
     def _batch_done(self, batch: list, ok: bool, value: Any) -> None:
         results = value if ok else [(False, value)] * len(batch)   # the COMMIT itself failed: nobody's work stuck
         for (_, _, future), (fine, result) in zip(batch, results):
-            if not future.done():
-                future.set_result(result) if fine else future.set_exception(result)
+            _resolve(future, fine, result)
         if self._pending:
             self._send_batch()
         else:
