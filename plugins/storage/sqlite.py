@@ -137,56 +137,60 @@ def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
+    """The functions get one cursor for the whole batch, not the connection: `conn.execute`
+    makes a cursor per statement, which costs about as much as binding the statement. They
+    only execute and fetch through it (each fetch before its next statement)."""
+    cur = conn.cursor()
     if len(ops) == 1:                   # alone in its batch: its transaction is its savepoint
-        return [_run_one(conn, *ops[0])]
-    conn.execute("BEGIN IMMEDIATE")
+        return [_run_one(conn, cur, *ops[0])]
+    cur.execute("BEGIN IMMEDIATE")
     try:
         try:                            # the usual case: every function succeeds, no savepoints needed
-            results = [(True, fn(conn, *args)) for fn, args in ops]
+            results = [(True, fn(cur, *args)) for fn, args in ops]
         except Exception:
             # One failed: undo the batch and run it again, each function in its own savepoint so
             # that only a failing one is rolled back. The functions do database work only, so
             # the others do the same again.
-            conn.execute("ROLLBACK")
-            conn.execute("BEGIN IMMEDIATE")
-            results = _each_in_savepoint(conn, ops)
-        conn.execute("COMMIT")
+            cur.execute("ROLLBACK")
+            cur.execute("BEGIN IMMEDIATE")
+            results = _each_in_savepoint(cur, ops)
+        cur.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            cur.execute("ROLLBACK")
         raise
     return results
 
 
-def _each_in_savepoint(conn: sqlite3.Connection, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
+def _each_in_savepoint(cur: sqlite3.Cursor, ops: list[tuple[Callable, tuple]]) -> list[tuple[bool, Any]]:
     results: list[tuple[bool, Any]] = []
     for fn, args in ops:
-        conn.execute("SAVEPOINT op")
+        cur.execute("SAVEPOINT op")
         try:
-            results.append((True, fn(conn, *args)))
-            conn.execute("RELEASE op")
+            results.append((True, fn(cur, *args)))
+            cur.execute("RELEASE op")
         except Exception as exc:
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
+            cur.execute("ROLLBACK TO op")
+            cur.execute("RELEASE op")
             results.append((False, exc))
     return results
 
 
-def _run_one(conn: sqlite3.Connection, fn: Callable, args: tuple) -> tuple[bool, Any]:
-    conn.execute("BEGIN IMMEDIATE")
+def _run_one(conn: sqlite3.Connection, cur: sqlite3.Cursor, fn: Callable, args: tuple) -> tuple[bool, Any]:
+    cur.execute("BEGIN IMMEDIATE")
     try:
-        value = fn(conn, *args)
+        value = fn(cur, *args)
     except Exception as exc:            # the function failed: nothing of it stays
-        conn.execute("ROLLBACK")
+        cur.execute("ROLLBACK")
         return False, exc
     except BaseException:
-        conn.execute("ROLLBACK")
+        cur.execute("ROLLBACK")
         raise
     try:
-        conn.execute("COMMIT")
+        cur.execute("COMMIT")
     except BaseException:               # the commit failed: the caller learns it, the connection stays usable
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            cur.execute("ROLLBACK")
         raise
     return True, value
 
