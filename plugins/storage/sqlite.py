@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from . import for_engine, now, statements
 from .records import (
@@ -67,15 +67,21 @@ class Engine:
     async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` atomically in the next committed batch. Once queued it runs
         even if the caller is cancelled."""
-        if self._closed:
-            raise RuntimeError("the database is closed")
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
+        """As `transaction`, queued now: -> the future of its result. A caller that must
+        not cancel the write (a reserve) shields this future and needs no task of its own."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if self._closed:
+            future.set_exception(RuntimeError("the database is closed"))
+            return future
         self._pending.append((fn, args, future))
         if not self._batching:           # the batch leaves once this turn of the loop has added to it
             self._batching = True
             loop.call_soon(self._send_batch)
-        return await future
+        return future
 
     def _send_batch(self) -> None:
         batch, self._pending = self._pending, []
@@ -372,11 +378,13 @@ class SQLiteLedger:
     async def adjust(self, account_id: int, amount_micro: int, reason: str) -> int | None:
         return await self._db.transaction(_adjust, account_id, amount_micro, reason)
 
-    async def reserve(self, hold: HoldRequest) -> Reserved | None:
-        return await self._db.transaction(_reserve, hold, self._owner, now() + self._lease)
+    # The two writes of every call return the engine's future, queued at once (awaited the same
+    # way): no coroutine to step through, and no task when billing shields the reserve.
+    def reserve(self, hold: HoldRequest) -> Awaitable[Reserved | None]:
+        return self._db.submit(_reserve, hold, self._owner, now() + self._lease)
 
-    async def settle(self, settlement: Settlement) -> bool:
-        return await self._db.transaction(_settle, settlement)
+    def settle(self, settlement: Settlement) -> Awaitable[bool]:
+        return self._db.submit(_settle, settlement)
 
     async def release(self, call_id: str) -> bool:
         return await self._db.transaction(_release, call_id)
