@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import aiohttp
 import structlog
 
+from .types import STOP_REASONS, ReasoningPart, TextPart, ToolCall
+
 if TYPE_CHECKING:
     from .base import RemoteProvider
 
@@ -64,8 +66,6 @@ class UpstreamLimits:
 async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse, max_bytes: int | None = None) -> bytes:
     """The whole body, read with the idle deadline between reads and the size cap (the
     provider's `max_response_mb`, or `max_bytes` for a file such as a rendered video)."""
-    from .base import UpstreamError
-
     limits = provider.limits
     cap = max_bytes or limits.max_response_bytes
     declared = resp.content_length
@@ -88,14 +88,20 @@ async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse, 
                 raise _too_large(provider, cap)
             chunks.append(chunk)
     except asyncio.TimeoutError:
-        raise UpstreamError(502, f"{provider.name} stopped answering mid-response",
-                            code="upstream_timeout") from None
+        raise _upstream_error()(502, f"{provider.name} stopped answering mid-response",
+                                code="upstream_timeout") from None
+
+
+def _upstream_error() -> type:
+    """providers.base imports this module first, so its error class is looked up when needed
+    (only on a failure path: an import per call costs as much as a small stage)."""
+    from .base import UpstreamError
+    return UpstreamError
 
 
 def _too_large(provider, cap: int):
-    from .base import UpstreamError
-    return UpstreamError(502, f"{provider.name} answered with more than {cap / MB:g} MB; "
-                              "the answer was dropped and nothing was charged", code="upstream_too_large")
+    return _upstream_error()(502, f"{provider.name} answered with more than {cap / MB:g} MB; "
+                                  "the answer was dropped and nothing was charged", code="upstream_too_large")
 
 
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, UnicodeError, OverflowError)
@@ -105,16 +111,15 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Unicod
 def answer_shape(provider: "RemoteProvider"):
     """Around parsing an upstream's answer: a wrong shape is a 502 (uncharged), and an
     upstream error's text leaves scrubbed."""
-    from .base import UpstreamError
     try:
         yield
-    except UpstreamError as err:
+    except _upstream_error() as err:    # evaluated only when something was raised
         err.message = provider.scrub(err.message)
         raise
     except MALFORMED as exc:
         log.warning("upstream_malformed", provider=provider.name, error=repr(exc)[:300])
-        raise UpstreamError(502, f"{provider.name} answered in a shape the gateway does not understand; "
-                                 "nothing was charged", code="upstream_malformed") from None
+        raise _upstream_error()(502, f"{provider.name} answered in a shape the gateway does not understand; "
+                                     "nothing was charged", code="upstream_malformed") from None
 
 
 MAX_COUNT = 2 ** 53      # token counts beyond this are nonsense (and break JSON numbers)
@@ -137,7 +142,6 @@ def check_usage(usage) -> None:
 def check_response(resp):
     """The canonical answer a parser built, checked field by field: a parser that read a
     malformed body without noticing still cannot hand the formats or billing nonsense."""
-    from .types import STOP_REASONS, ReasoningPart, TextPart, ToolCall
     _text(resp.id)
     _text(resp.model)
     _text(resp.stop_sequence, optional=True)
