@@ -233,8 +233,11 @@ def recording_writer(monkeypatch, tmp_path):
 
     from plugins import logs
 
-    writes, real = [], os.write
-    monkeypatch.setattr(logs.os, "write", lambda fd, data: writes.append(bytes(data)) or real(fd, data))
+    from types import SimpleNamespace
+
+    writes = []
+    recorded = SimpleNamespace(write=lambda fd, data: writes.append(bytes(data)) or os.write(fd, data))
+    monkeypatch.setattr(logs, "os", recorded)                # only the writer's own calls
     fd = os.open(tmp_path / "out.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     return logs.LineWriter(fd), writes
 
