@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ from aiohttp import web
 
 import config as config_mod
 from config.check import check as check_config
-from plugins import acall_all, get_plugin_manager, workers
+from plugins import acall_all, get_plugin_manager, logs, workers
 from plugins.appstate import (
     BACKGROUND, CONFIG, FORMATS, HTTP, NO_SPANS, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, SPANS, STORE,
 )
@@ -116,13 +115,11 @@ async def request_context(request: web.Request, handler):
     the client sent (`X-Request-Id` or `X-Client-Request-Id`) is logged beside it."""
     request_id = new_id()
     request[REQUEST_ID] = request_id
-    structlog.contextvars.clear_contextvars()
     client_id = request.headers.get("X-Client-Request-Id") or request.headers.get("X-Request-Id")
     if client_id:
-        structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path,
-                                               client_request_id=client_id[:128])
+        logs.REQUEST_FIELDS.set({"request_id": request_id, "path": request.path, "client_request_id": client_id[:128]})
     else:
-        structlog.contextvars.bind_contextvars(request_id=request_id, path=request.path)
+        logs.REQUEST_FIELDS.set({"request_id": request_id, "path": request.path})
     return await handler(request)
 
 
@@ -252,41 +249,7 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
 # ---- logging -------------------------------------------------------------------
 
 def configure_logging(level: str = "info", json_logs: bool | None = None) -> None:
-    if json_logs is None:
-        json_logs = not sys.stderr.isatty()
-    wrapper = structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO))
-    stderr_bytes = getattr(sys.stderr, "buffer", None)
-    if json_logs and stderr_bytes is not None:
-        # One line per call is on the hot path: level and time in one step, bytes straight from
-        # orjson to stderr (no str round trip).
-        structlog.configure(
-            processors=[structlog.contextvars.merge_contextvars, _level_and_time, structlog.processors.format_exc_info,
-                        _json_line],
-            wrapper_class=wrapper, logger_factory=structlog.BytesLoggerFactory(file=stderr_bytes),
-            cache_logger_on_first_use=True)
-        return
-    renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o, default=str).decode()) \
-        if json_logs else structlog.dev.ConsoleRenderer()
-    stamper = structlog.processors.TimeStamper(fmt=None if json_logs else "iso", utc=True)
-    structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, stamper,
-                    structlog.processors.format_exc_info, renderer],
-        wrapper_class=wrapper, logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True)
-
-
-LEVEL_NAMES = {"warn": "warning", "exception": "error"}     # as structlog's add_log_level names them
-
-
-def _level_and_time(_logger, method: str, event: dict) -> dict:
-    """JSON logs carry the level and a Unix timestamp (a terminal gets ISO time)."""
-    event["level"] = LEVEL_NAMES.get(method, method)
-    event["timestamp"] = time.time()
-    return event
-
-
-def _json_line(_logger, _method: str, event: dict) -> bytes:
-    return orjson.dumps(event, default=str)          # structlog's BytesLogger ends the line
+    logs.configure(level, json_logs)
 
 
 # ---- CLI -----------------------------------------------------------------------
@@ -312,7 +275,10 @@ def cmd_run(args) -> int:
              chat_models=len(cfg.chat_models),
              providers=config_mod.redact({p.name: {"type": p.type, **p.settings} for p in cfg.providers.values()}))
     try:
-        asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))
+        try:
+            asyncio.run(serve(app, host, port, cfg.server, reuse_port=workers.is_worker()))
+        finally:
+            logs.flush()                    # every line of the run is out before anything else is said
     except StartupError as err:
         print(f"gateway: {err}", file=sys.stderr)
         return 1

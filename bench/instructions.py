@@ -1,6 +1,6 @@
 """Instructions per call: a measure of CPU cost that does not drift with the machine's load.
 
-`.venv/bin/python bench/instructions.py [--calls 1000] [--concurrency 20] [--lanes 1,2]`
+`.venv/bin/python bench/instructions.py [--calls 1000] [--concurrency 20] [--lanes 1,2] [--log-level warning]`
 
 CPU time per call (bench/run.py) is what users feel, but on a shared machine it moves by
 tens of percent from one run to the next, which hides a change worth 3%. Here the server
@@ -10,7 +10,9 @@ change can be measured before and after, even while other work runs. It does not
 misses, system-call time or waiting, so confirm a change that matters with bench/run.py.
 
 For each lane the null proxy (the floor) and the gateway each serve `--calls` calls after a
-warm-up; the count starts after the warm-up. Needs Debian's `valgrind`.
+warm-up; the count starts after the warm-up. `--log-level warning` runs the gateway without
+its per-call log line: the difference to a run at the default level is what that line costs.
+Needs Debian's `valgrind`.
 """
 from __future__ import annotations
 
@@ -76,14 +78,25 @@ def counted(cmd: list[str], ready: str, url: str, body: dict, key: str, calls: i
     return int(totals[0].split()[1]) / calls
 
 
-def main() -> int:
+def gateway_command(cfg: Path, port: int, log_level: str) -> list[str]:
+    """`gateway run` as counted: the bench's config, a port and the log level."""
+    return [PY, str(ROOT / "gateway.py"), "run", "--config", str(cfg), "--port", str(port), "--log-level", log_level]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=1000, help="counted calls per lane")
     p.add_argument("--concurrency", type=int, default=20)
     p.add_argument("--lanes", default="1,2", help="lanes of bench/run.py to count (1-4)")
     p.add_argument("--storage", default="", help="gateway storage URL (default: SQLite in a temporary folder)")
     p.add_argument("--redis", default="", help="gateway Redis URL (default: none)")
-    args = p.parse_args()
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the gateway's --log-level (warning: no per-call log line)")
+    return p.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("instructions: needs valgrind (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -106,7 +119,7 @@ def main() -> int:
                                 f"http://127.0.0.1:{port}/api/v1/chat/completions", f"http://127.0.0.1:{port}{path}",
                                 BODIES[body], "", args.calls, args.concurrency, work)
             port = free_port()
-            gateway = counted([PY, str(ROOT / "gateway.py"), "run", "--config", str(cfg), "--port", str(port)],
+            gateway = counted(gateway_command(cfg, port, args.log_level),
                               f"http://127.0.0.1:{port}/api/v1/models", f"http://127.0.0.1:{port}{path}",
                               BODIES[body], key if keyed else "", args.calls, args.concurrency, work)
             rows.append((name, floor, gateway))
@@ -115,7 +128,7 @@ def main() -> int:
         upstream.terminate()
         shutil.rmtree(work, ignore_errors=True)
     print(f"| lane | null proxy instructions/call | gateway instructions/call | ÷ null |  "
-          f"({args.calls} calls, concurrency {args.concurrency})")
+          f"({args.calls} calls, concurrency {args.concurrency}, log level {args.log_level})")
     print("|---|---|---|---|")
     for name, floor, gateway in rows:
         print(f"| {name} | {f'{floor:,.0f}' if floor else '-'} | {gateway:,.0f} | "

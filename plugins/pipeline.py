@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from . import acall_all, acall_first, around
+from . import acall_all, acall_first, around, logs
 from .appstate import PM, REQUEST_ID, SPANS, spawn, utc_today
 from .context import OK, CallContext
 from .errors import GatewayError, bad_request, model_not_available, model_retired
@@ -58,7 +58,7 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
                     await finish(ctx)
     except GatewayError as err:
         if ctx.finish_task is None:       # refused before the upstream stage: no settlement, no usage row
-            log.info("call_refused", status=err.status, code=err.code, endpoint=fmt.endpoint)
+            logs.info_line(log, "call_refused", {"status": err.status, "code": err.code, "endpoint": fmt.endpoint})
             await acall_all(request.app[PM].hook.gateway_call_refused, ctx=ctx, error=err)
         return fmt.error_response(err, ctx.call_id)
 
@@ -125,12 +125,13 @@ def log_call(ctx: CallContext) -> None:
     """The one line per call an operator reads: who, what was asked and served, tokens,
     money and time. `request_id` (bound per request) is the usage row's call id."""
     p, route, billing = ctx.principal, ctx.route, ctx.billing
-    log.info("call", endpoint=ctx.endpoint, account_id=p.account_id if p else None,
-             key_prefix=p.key_prefix if p else None, requested_model=ctx.model_id[:200],
-             model=route.model.id if route else None, provider=route.provider.name if route else None,
-             outcome=ctx.outcome, status=ctx.status, payment=ctx.hold.kind if ctx.hold else None,
-             input_tokens=billing.get("input_tokens_billed"), output_tokens=billing.get("output_tokens_billed"),
-             usd_micro=ctx.charge_micro, free_usd_micro=ctx.free_micro,
-             upstream_ms=round(ctx.upstream_seconds * 1000, 1),
-             first_token_ms=round(ctx.first_token_seconds * 1000, 1) if ctx.first_token_seconds else None,
-             ms=round((time.monotonic() - ctx.started) * 1000, 1), error=ctx.error)
+    logs.info_line(log, "call", {
+        "endpoint": ctx.endpoint, "account_id": p.account_id if p else None,
+        "key_prefix": p.key_prefix if p else None, "requested_model": ctx.model_id[:200],
+        "model": route.model.id if route else None, "provider": route.provider.name if route else None,
+        "outcome": ctx.outcome, "status": ctx.status, "payment": ctx.hold.kind if ctx.hold else None,
+        "input_tokens": billing.get("input_tokens_billed"), "output_tokens": billing.get("output_tokens_billed"),
+        "usd_micro": ctx.charge_micro, "free_usd_micro": ctx.free_micro,
+        "upstream_ms": round(ctx.upstream_seconds * 1000, 1),
+        "first_token_ms": round(ctx.first_token_seconds * 1000, 1) if ctx.first_token_seconds else None,
+        "ms": round((time.monotonic() - ctx.started) * 1000, 1), "error": ctx.error})

@@ -57,3 +57,18 @@ def test_instruction_counts_repeat(tmp_path):
         upstream.terminate()
     assert counts[0] > 100_000                      # a relayed call is hundreds of thousands of instructions
     assert abs(counts[0] - counts[1]) / counts[1] < 0.05, counts
+
+
+def test_instruction_counts_pass_the_log_level_to_the_gateway(tmp_path):
+    """`bench/instructions.py --log-level warning` counts the gateway without its per-call
+    line: the level reaches `gateway run` as its own option (the default stays info)."""
+    import gateway
+    import instructions
+    from plugins import get_plugin_manager
+
+    parser = gateway.build_parser(get_plugin_manager())
+    for argv, level in (([], "info"), (["--log-level", "warning"], "warning")):
+        cmd = instructions.gateway_command(tmp_path / "gw.yaml", 8123, instructions.parse_args(argv).log_level)
+        assert cmd[:2] == [instructions.PY, str(instructions.ROOT / "gateway.py")]
+        run = parser.parse_args(cmd[2:])
+        assert (run.command, run.config, run.port, run.log_level) == ("run", str(tmp_path / "gw.yaml"), 8123, level)
