@@ -16,8 +16,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from plugins.errors import GatewayError
 from plugins.limitstores import TAKE_SCRIPT, Bucket, RedisLimits
+from plugins.ratelimit import LIMITS
 from plugins.redis_lean import LeanRedis, Script, command, parse
 from tests import servers
+from tests.test_moderation_limits import HI, post
 
 
 @pytest.fixture
@@ -314,3 +316,20 @@ def test_tls_and_url_options_are_left_to_redis_py():
     assert not LeanRedis.serves("redis://h:6379/0?socket_timeout=3")
     assert not LeanRedis.serves("redis://h:6379/zero")
 
+
+# ---- in the gateway ----------------------------------------------------------------------
+
+async def test_the_gateway_takes_its_rate_limits_through_the_lean_client(start_gateway, redis_url, plain):
+    gw = await start_gateway({"redis": redis_url, "limits": {"per_key": {"rpm": 100}}})
+    store = gw.app[LIMITS].store
+    assert isinstance(store._script, Script)
+    key, _ = await gw.key(1)
+    assert (await post(gw, "/api/v1/chat/completions", HI, key))[0] == 200
+    assert len(await plain.keys("gw:rl:*:rpm")) == 1
+
+
+async def test_a_url_with_options_runs_the_script_through_redis_py(start_gateway, redis_url):
+    gw = await start_gateway({"redis": redis_url + "?socket_timeout=5", "limits": {"per_key": {"rpm": 100}}})
+    assert not isinstance(gw.app[LIMITS].store._script, Script)
+    key, _ = await gw.key(1)
+    assert (await post(gw, "/api/v1/chat/completions", HI, key))[0] == 200
