@@ -37,14 +37,14 @@ def command(*args) -> bytes:
     """A command as RESP2 puts it on the wire: bytes as they are, str as UTF-8, numbers as repr()."""
     out = [b"*%d\r\n" % len(args)]
     for arg in args:
-        if type(arg) is not bytes:
-            if type(arg) is str:
-                arg = arg.encode()
-            elif type(arg) in (int, float):
-                arg = repr(arg).encode()
-            else:
-                raise DataError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+        kind = type(arg)
+        if kind is str:
+            arg = arg.encode()
+        elif kind is int or kind is float:
+            arg = repr(arg).encode()
+        elif kind is not bytes:
+            raise DataError(f"cannot send {kind.__name__} {arg!r} to Redis")
+        out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return b"".join(out)
 
 
