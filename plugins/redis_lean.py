@@ -1,6 +1,6 @@
 """A lean Redis client for the one command every call sends: the rate-limit script
 (plugins/limitstores.py). Through redis-py's asyncio client, one rate-limit take costs about
-530k instructions; through this one about 125k. redis-py keeps everything else (key-cache
+530k instructions; through this one about 120k. redis-py keeps everything else (key-cache
 pub/sub, admin, readiness).
 
 One connection per process, pipelined: requests are written in the order callers make them
