@@ -27,7 +27,7 @@ from .errors import GatewayError
 from .limitstores import Bucket, LimitStore, MemoryLimits, RedisLimits
 from .metrics.instruments import RATE_LIMITED
 from .pricing import input_estimate
-from .redis_link import REDIS
+from .redis_link import REDIS_SCRIPTS
 
 LIMITS = web.AppKey("limits", object)
 
@@ -65,8 +65,8 @@ def gateway_configure(app, config):
 async def _use_redis(app: web.Application):
     """After the Redis connection opens (and, in reverse, before it closes: once the calls
     have settled, what is still owed to the buckets is sent)."""
-    if REDIS in app:
-        app[LIMITS].store = RedisLimits(app[REDIS])
+    if REDIS_SCRIPTS in app:
+        app[LIMITS].store = RedisLimits(app[REDIS_SCRIPTS])
     yield
     await app[LIMITS].store.close()
 

@@ -2,10 +2,12 @@
 of the YAML (`${VAR}` expansion as everywhere).
 
 With it, rate-limit buckets live in Redis (plugins/ratelimit.py) and key changes reach every
-process's auth cache at once (plugins/keycache.py). Without it, each process keeps both in
-memory, which is exactly right for a single process.
+process's auth cache at once (plugins/keycache.py). The rate-limit script, sent on every
+call, goes through a lean pipelined client (plugins/redis_lean.py), everything else through
+redis-py. Without it, each process keeps both in memory, which is exactly right for a
+single process.
 
-One bounded connection pool per process, opened at start (an unreachable Redis stops
+One bounded redis-py connection pool per process, opened at start (an unreachable Redis stops
 start-up with a message naming the URL) and closed last, after in-flight calls settled.
 """
 from __future__ import annotations
@@ -20,9 +22,11 @@ from config import ConfigError, redact_url
 
 from . import hookimpl
 from .errors import StartupError
+from .redis_lean import LeanRedis
 
 REDIS = web.AppKey("redis", aioredis.Redis)
 REDIS_URL = web.AppKey("redis_url", str)
+REDIS_SCRIPTS = web.AppKey("redis_scripts", object)    # runs the per-call script: `register_script(source)`
 MAX_CONNECTIONS = 64          # admissions are one short script each: a small pool serves thousands of calls
 
 log = structlog.get_logger("redis")
@@ -70,6 +74,10 @@ async def _connect(app: web.Application):
         raise StartupError(f"redis: cannot reach {redact_url(url)}: {exc}; start Redis or remove `redis:` "
                            "from the config") from None
     app[REDIS] = client
+    # the lean client connects on its first call; TLS and URL options stay with redis-py
+    scripts = app[REDIS_SCRIPTS] = LeanRedis(url) if LeanRedis.serves(url) else client
     log.info("redis_connected", url=redact_url(url))
     yield
+    if scripts is not client:
+        await scripts.aclose()
     await client.aclose()
