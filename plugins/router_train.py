@@ -74,7 +74,7 @@ def vocabulary(items: list[dict]) -> set[str]:
     """The keys that occur in at least MIN_COUNT of these requests: the model's known keys."""
     seen: Counter = Counter()
     for item in items:
-        seen.update(set(keyed_features(routing_input(item))[0]))
+        seen.update(keyed_features(routing_input(item))[0])
     return {key for key, count in seen.items() if count >= MIN_COUNT}
 
 
@@ -85,7 +85,7 @@ class Matrix:
         rows, slots, values, dense = [], [], [], []
         for r, item in enumerate(items):
             keys, w, d = keyed_features(routing_input(item))
-            s = [slot(key) for key in keys if key in known]
+            s = [slot(key) for key in sorted(keys) if key in known]    # sorted: the same sums every run
             rows += [r] * len(s)
             slots += s
             values += [w] * len(s)
