@@ -149,12 +149,14 @@ def slot(key: str) -> int:
     return zlib.crc32(key.encode()) & (BUCKETS - 1)
 
 
-def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:
+def keyed_features(inp: RoutingInput) -> tuple[set[str], float, list[float]]:
     """-> (the request's keys: character n-grams of the question, its words and word pairs,
     words of earlier turns; the weight of each; dense feature values in DENSE order).
 
-    The gateway looks the keys up in the model's table of known keys (a dict lookup is
-    cheaper than hashing each one); training hashes them into slots."""
+    The keys come as a set: each counts once, and the gateway only sums their weights, so
+    their order does not matter (a set is cheaper to build than an ordered dict). The gateway
+    looks the keys up in the model's table of known keys (a dict lookup is cheaper than
+    hashing each one); training hashes them into slots."""
     question, context = split_question(inp.last)
     norm = _normalise(question)
     keys = [norm[i:i + n] for n in NGRAMS for i in range(len(norm) - n + 1)]
@@ -162,7 +164,7 @@ def keyed_features(inp: RoutingInput) -> tuple[list[str], float, list[float]]:
     keys += ["\x01" + w for w in words]
     keys += ["\x02" + a + " " + b for a, b in zip(words, words[1:])]
     keys += ["\x03" + w for w in _WORDS.findall(inp.history[-HISTORY_CAP:].lower())]
-    keys = list(dict.fromkeys(keys))
+    keys = set(keys)
     weight = 1.0 / math.sqrt(len(keys)) if keys else 0.0
     scan = _ends(question, SCAN_CAP)
     cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))

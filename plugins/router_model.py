@@ -1,20 +1,24 @@
-"""svc/smart's local classifier: a cumulative linear model over `router_features`, shipped in the package.
+"""svc/smart's local classifier: a cumulative linear model over `router_features`, then small
+forests of boosted trees over its scores (router_forest), shipped in the package.
 
 Tiers are ordered, and routing asks one question per step between neighbouring tiers: is this
-request too much for easy, for medium, for hard? The model answers each with its own binary
-logistic model (one weight per feature and cut), scaled by a temperature per cut fitted on the
-validation split so the chances are calibrated; a tier's chance is the difference between the
-chances of needing more than the tier below and more than itself (made monotone first). Fitting
-the cuts directly calibrates exactly the chances the route-up rule reads. The scores cost one
-lookup per key of the request and two sums (see `LocalClassifier.__init__`). The
-weights file is made by `gateway router-train` (which needs the `train` extra); reading it
-and deciding need only the standard library, so a gateway runs offline with nothing to
-download. The file lists the keys (n-grams, words) that occur in enough training requests
-(router_train.MIN_COUNT), and training reads only those keys, so the gateway's table and
-the trained model give the same scores (a key never seen in training counts zero). The decision routes up under
-uncertainty: it takes the lowest tier whose chance of being too low is at most `route_up` -
-one threshold per tier below frontier, chosen on the validation split, since sending a hard
-request to medium risks more than sending a medium one to easy.
+request too much for easy, for medium, for hard? The linear model answers each with one
+weight per key and cut (its scores cost one lookup per key of the request and two sums, see
+`LocalClassifier.__init__`). Its three scores, the dense features and how many keys the
+request has then go through one forest of trees per cut, fitted on scores the linear model
+gave requests it was not trained on, which reads what a sum cannot (a score means more when
+the model knows more of the request's keys); each forest's output is scaled by a temperature
+per cut fitted on the validation split so the chances are calibrated. A tier's chance is the
+difference between the chances of needing more than the tier below and more than itself
+(made monotone first). The weights file is made by `gateway router-train` (which needs the
+`train` extra); reading it and deciding need only the standard library, so a gateway runs
+offline with nothing to download. The file lists the keys (n-grams, words) that occur in
+enough training requests (router_train.MIN_COUNT), and training reads only those keys, so the
+gateway's table and the trained model give the same scores (a key never seen in training
+counts zero). The decision routes up under uncertainty: it takes the lowest tier whose chance
+of being too low is at most `route_up` - one threshold per tier below frontier, chosen on the
+validation split, since sending a hard request to medium risks more than sending a medium
+one to easy.
 """
 from __future__ import annotations
 
@@ -28,9 +32,11 @@ from itertools import repeat
 from pathlib import Path
 
 from .router_features import DENSE, FEATURES, RoutingInput, keyed_features, slot
+from .router_forest import compile_forests
 
 TIERS = ("easy", "medium", "hard", "frontier")
-VERSION = 4                        # the file format and model kind; an older file is refused
+VERSION = 5                        # the file format and model kind; an older file is refused
+STACKED = 3 + len(DENSE) + 1       # what the forests read: the cut scores, the dense features, the key count
 WEIGHTS = Path(__file__).resolve().parent / "router_model.bin"
 
 
@@ -62,6 +68,12 @@ class LocalClassifier:
         dense = [weights[dense_at + t::n].tolist() for t in range(n)]
         self._dense = [[w - base for w, base in zip(dense[t], dense[0])] for t in range(1, n)]
         self._packed = {key: _pack(weights, slot(key) * n) for key in known}
+        try:
+            if len(meta["forests"]) != n - 1:
+                raise ValueError("one forest per cut")
+            self._forests = compile_forests(meta["forests"], STACKED)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ValueError(f"the router model's forests are malformed: {exc}") from exc
 
     # ---- file format: a JSON line; the known keys, one a line; float32 little-endian weights,
     # slot-major (slot * 4 + tier), the dense features' slots after the hashed ones. Column t
@@ -91,9 +103,16 @@ class LocalClassifier:
 
     # ---- inference ------------------------------------------------------------------------
     def scores(self, inp: RoutingInput) -> list[float]:
-        """[0, then per cut the log-odds (before its temperature) of needing more than easy,
-        more than medium, more than hard]: the weights' columns relative to the first (zero) one."""
+        """The linear model's [0, then per cut the score of needing more than easy, more than
+        medium, more than hard]: the weights' columns relative to the first (zero) one."""
+        return self._linear(*keyed_features(inp))
+
+    def margins(self, inp: RoutingInput) -> tuple[float, ...]:
+        """Per cut, the forests' log-odds (before the temperature) of needing more than that tier."""
         keys, weight, dense = keyed_features(inp)
+        return self._forests([*self._linear(keys, weight, dense)[1:], *dense, float(len(keys))])
+
+    def _linear(self, keys, weight: float, dense: list[float]) -> list[float]:
         total = sum(map(self._packed.get, keys, repeat(0)))
         sums = []
         for _ in range(len(TIERS) - 1):
@@ -104,7 +123,7 @@ class LocalClassifier:
         return [0.0] + [s * scale + sum(map(float.__mul__, w, dense)) for s, w in zip(sums, self._dense)]
 
     def probabilities(self, inp: RoutingInput) -> tuple[float, ...]:
-        return tier_chances(self.scores(inp)[1:], self.temperatures)
+        return tier_chances(self.margins(inp), self.temperatures)
 
     def decide(self, inp: RoutingInput) -> Decision:
         probs = self.probabilities(inp)

@@ -1,39 +1,53 @@
 """`gateway router-train`: fit svc/smart's local classifier on the labelled set.
 
-Needs the `train` extra (numpy); the gateway itself never imports this module's numpy.
-The model is cumulative (see router_model): one binary logistic model per cut between
-neighbouring tiers ("needs more than easy", "... than medium", "... than hard") over hashed
-keys and dense features, fitted together on the train split by full-batch Adam on their
+Needs the `train` extra (numpy, LightGBM); the gateway itself never imports them.
+The model is cumulative (see router_model) and comes in two stages. First one binary logistic
+model per cut between neighbouring tiers ("needs more than easy", "... than medium", "... than
+hard") over hashed keys and dense features, fitted together by full-batch Adam on their
 cross-entropies. The targets are soft where the set's two labelling passes disagreed: the
 settled tier weighs 1 - SOFT and the other label(s) SOFT (the set's `second_pass.jsonl` and
 `settled.jsonl`, next to it in a folder of its name, when they exist), which tells the model
 where the rubric itself leaves room. Keys that occur in fewer than MIN_COUNT training requests
-are left out, in training and in the shipped table alike. On the validation split it then
-picks the regularisation, fits a temperature per cut so the chances are calibrated, and picks
-the route-up thresholds (one per tier below frontier): the most exact that keep under-routing
-at most `--max-under` on validation.
-The shipped weights are refitted on train and validation together with those choices.
-The test split is never read here.
+are left out, in training and in the shipped table alike. Then one small forest of boosted
+trees per cut (LightGBM, the same soft targets) over the linear scores, the dense features and
+the number of keys; the scores it learns from are out of fold (each request scored by a
+linear model fitted without it, FOLDS folds), so the forests see the scores as the gateway
+will meet them on new requests.
+Everything is first fitted on the train split; on the validation split it then fits a
+temperature per cut so the chances are calibrated and picks the route-up thresholds (one per
+tier below frontier): the most exact that keep under-routing at most `--max-under` on
+validation. The shipped model is refitted the same way on train and validation together, with
+those choices. The test split is never read here. The folds run in parallel processes.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import os
 import sys
 import time
+import zlib
+from concurrent.futures import ProcessPoolExecutor
 from collections import Counter
 from pathlib import Path
 
 from . import hookimpl
 from .router_features import BUCKETS, DENSE, FEATURES, RoutingInput, from_messages, keyed_features, slot
-from .router_model import TIERS, WEIGHTS, LocalClassifier, pick
+from .router_forest import from_lightgbm
+from .router_model import STACKED, TIERS, WEIGHTS, LocalClassifier, pick
 
 DEFAULT_SET = Path(__file__).resolve().parent.parent / "bench" / "router_set.jsonl"
-REGULARISATION = (1e-7, 3e-7, 1e-6)    # on the n-gram weights; the dense ones get DENSE_SHARE of it
+L2 = 3e-7                             # on the n-gram weights (the dense ones get DENSE_SHARE of it); chosen on validation
 MIN_COUNT = 5                         # a key must occur in this many training requests to count
 STEPS = 150                           # optimiser steps per fit: few enough to stop early (a regulariser)
 DENSE_SHARE = 0.3
 SOFT = 0.3                            # the other labelling pass's share where the passes disagreed
+FOLDS = 5                             # out-of-fold linear scores for the forests
+TREES = 150                           # per cut
+FOREST = dict(objective="cross_entropy", num_leaves=15, learning_rate=0.06, min_data_in_leaf=30,
+              bagging_fraction=0.8, bagging_freq=1, feature_fraction=0.8, seed=1, deterministic=True,
+              force_col_wise=True, num_threads=1, verbose=-1)
 TEMPERATURES = tuple(t / 20 for t in range(6, 81))
 ROUTE_UP = (0.5, 0.45, 0.4, 0.35, 0.3, 0.28, 0.26, 0.24, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.14, 0.13, 0.12,
             0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03)
@@ -74,7 +88,7 @@ def vocabulary(items: list[dict]) -> set[str]:
     """The keys that occur in at least MIN_COUNT of these requests: the model's known keys."""
     seen: Counter = Counter()
     for item in items:
-        seen.update(set(keyed_features(routing_input(item))[0]))
+        seen.update(keyed_features(routing_input(item))[0])
     return {key for key, count in seen.items() if count >= MIN_COUNT}
 
 
@@ -85,7 +99,7 @@ class Matrix:
         rows, slots, values, dense = [], [], [], []
         for r, item in enumerate(items):
             keys, w, d = keyed_features(routing_input(item))
-            s = [slot(key) for key in keys if key in known]
+            s = [slot(key) for key in sorted(keys) if key in known]    # sorted: the same sums every run
             rows += [r] * len(s)
             slots += s
             values += [w] * len(s)
@@ -93,18 +107,24 @@ class Matrix:
         self.n = len(items)
         self.rows, self.slots = np.array(rows, dtype=np.int64), np.array(slots, dtype=np.int64)
         self.values, self.dense = np.array(values), np.array(dense).reshape(self.n, len(DENSE))
-        self.y = np.array([TIERS.index(item["tier"]) for item in items], dtype=np.int64)
-        target = np.eye(len(TIERS))[self.y]
-        for r, item in enumerate(items):
-            if item["id"] in (soft or {}):
-                target[r] = [soft[item["id"]].get(tier, 0.0) for tier in TIERS]
-        self.more = target[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]    # (n, cuts): chance of needing more than tier k
+        self.y, self.more = targets(np, items, soft)
 
     def scores(self, np, w):
         """(n, columns) scores for weights w of shape (FEATURES, columns)."""
         hashed = np.stack([np.bincount(self.rows, weights=w[self.slots, t] * self.values, minlength=self.n)
                            for t in range(w.shape[1])], axis=1)
         return hashed + self.dense @ w[BUCKETS:]
+
+
+def targets(np, items: list[dict], soft: dict | None = None):
+    """-> (tier indexes, (n, cuts) chances of needing more than tier k: 0 or 1, soft where the
+    labelling passes disagreed)."""
+    y = np.array([TIERS.index(item["tier"]) for item in items], dtype=np.int64)
+    target = np.eye(len(TIERS))[y]
+    for r, item in enumerate(items):
+        if item["id"] in (soft or {}):
+            target[r] = [soft[item["id"]].get(tier, 0.0) for tier in TIERS]
+    return y, target[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
 
 
 def fit(np, m: Matrix, l2: float, steps: int = STEPS, rate: float = 0.05):
@@ -145,11 +165,11 @@ def probabilities(np, scores, temperatures):
     return np.hstack([np.ones((n, 1)), more]) - np.hstack([more, np.zeros((n, 1))])
 
 
-def fit_temperatures(np, scores, m: "Matrix") -> list[float]:
+def fit_temperatures(np, scores, y) -> list[float]:
     """Per cut, the temperature that gives the validation labels the least cross-entropy."""
     chosen = []
     for k in range(scores.shape[1]):
-        needs = m.y > k
+        needs = y > k
         def loss(t):
             q = np.clip(1.0 / (1.0 + np.exp(-scores[:, k] / t)), 1e-12, 1 - 1e-12)
             return float(-np.where(needs, np.log(q), np.log(1 - q)).mean())
@@ -183,39 +203,99 @@ def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
     return chosen, {"exact": round(best[0], 3), "within_one": round(best[1], 3), "under": round(-best[2], 3)}, curve
 
 
+def _linear_job(job):
+    """In a worker process: fit the linear model on `fitted` and score each set of `scored`."""
+    fitted, scored, soft, steps = job
+    import numpy as np
+    known = vocabulary(fitted)
+    w = fit(np, Matrix(np, fitted, known, soft), L2, steps)
+    return [Matrix(np, items, known).scores(np, w) for items in scored], w, known
+
+
+def linear_stage(np, fitted: list[dict], scored: list[list[dict]], soft: dict, steps: int):
+    """-> (out-of-fold scores of `fitted`, the scores of each of `scored` by the linear model
+    fitted on all of `fitted`, that model's weights and known keys). The FOLDS + 1 fits run in
+    parallel processes."""
+    fold = [zlib.crc32(item["id"].encode()) % FOLDS for item in fitted]
+    folds = [k for k in range(FOLDS) if k in fold]
+    held = [[i for i, f in enumerate(fold) if f == k] for k in folds]
+    jobs = [([item for item, f in zip(fitted, fold) if f != k], [[fitted[i] for i in rows]], soft, steps)
+            for k, rows in zip(folds, held)]
+    jobs.append((fitted, scored, soft, steps))
+    workers = min(len(jobs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        results = list(pool.map(_linear_job, jobs))
+    out_of_fold = np.zeros((len(fitted), len(TIERS) - 1))
+    for rows, (scores, _, _) in zip(held, results):
+        out_of_fold[rows] = scores[0]
+    scores, w, known = results[-1]
+    return out_of_fold, scores, w, known
+
+
+def stacked(np, scores, items: list[dict]):
+    """The forests' inputs, as router_model builds them: the cut scores, the dense features, the key count."""
+    rows = []
+    for item in items:
+        keys, _, dense = keyed_features(routing_input(item))
+        rows.append([*dense, float(len(keys))])
+    x = np.hstack([scores, np.array(rows).reshape(len(items), STACKED - scores.shape[1])])
+    assert x.shape[1] == STACKED
+    return x
+
+
+def fit_forests(lgb, x, more) -> list:
+    """One LightGBM booster per cut on the soft chances of needing more than that tier."""
+    return [lgb.train(FOREST, lgb.Dataset(x, label=more[:, k]), TREES) for k in range(more.shape[1])]
+
+
 def train(data: Path, out: Path, max_under: float, steps: int = STEPS) -> dict:
     try:
+        import lightgbm as lgb
         import numpy as np
     except ImportError:
-        sys.exit("gateway: router-train needs numpy: pip install -e '.[train]'")
+        sys.exit("gateway: router-train needs numpy and lightgbm: pip install -e '.[train]'")
     items = load_set(data)
     train_items = [i for i in items if i["split"] == "train"]
     valid_items = [i for i in items if i["split"] == "validation"]
     started = time.perf_counter()
     soft = soft_labels(train_items + valid_items, data)
-    known = vocabulary(train_items)
-    tr, va = Matrix(np, train_items, known, soft), Matrix(np, valid_items, known)
-    tried = {}
-    for l2 in REGULARISATION:
-        scores = va.scores(np, fit(np, tr, l2, steps))
-        temperatures = fit_temperatures(np, scores, va)
-        probs = probabilities(np, scores, temperatures)
-        route_up, valid, curve = choose_route_up(np, probs, va.y, max_under)
-        tried[l2] = ((valid["exact"], valid["within_one"], -nll(np, probs, va.y)), temperatures, probs, route_up, valid, curve)
-    l2 = max(tried, key=lambda k: tried[k][0])
-    _, temperatures, probs, route_up, valid, curve = tried[l2]
-    meta = {"temperatures": temperatures, "route_up": route_up, "l2": l2, "min_count": MIN_COUNT, "soft": SOFT,
-            "soft_items": len(soft),
+    # 1. Fitted on train, judged on validation: calibration and route-up thresholds.
+    out_of_fold, (valid_scores,), _, _ = linear_stage(np, train_items, [valid_items], soft, steps)
+    forests = fit_forests(lgb, stacked(np, out_of_fold, train_items), targets(np, train_items, soft)[1])
+    valid_x = stacked(np, valid_scores, valid_items)
+    margins = np.stack([f.predict(valid_x, raw_score=True) for f in forests], axis=1)
+    y = targets(np, valid_items)[0]
+    temperatures = fit_temperatures(np, margins, y)
+    probs = probabilities(np, margins, temperatures)
+    route_up, valid, curve = choose_route_up(np, probs, y, max_under)
+    meta = {"temperatures": temperatures, "route_up": route_up, "l2": L2, "min_count": MIN_COUNT, "soft": SOFT,
+            "soft_items": len(soft), "folds": FOLDS, "trees": TREES,
             "trained_on": len(train_items) + len(valid_items),
             "validation": {"items": len(valid_items), **valid,
-                           "likeliest_exact": round(float((probs.argmax(1) == va.y).mean()), 3),
+                           "likeliest_exact": round(float((probs.argmax(1) == y).mean()), 3),
                            "shared_route_up_curve": curve}}
-    known = vocabulary(train_items + valid_items)
-    w = fit(np, Matrix(np, train_items + valid_items, known, soft), l2, steps)
+    # 2. The shipped model: the same, fitted on train and validation together.
+    both = train_items + valid_items
+    out_of_fold, _, w, known = linear_stage(np, both, [], soft, steps)
+    forests = fit_forests(lgb, stacked(np, out_of_fold, both), targets(np, both, soft)[1])
+    meta["forests"] = [from_lightgbm(f.dump_model()) for f in forests]
     w = np.hstack([np.zeros((FEATURES, 1)), w])        # the file's first column is zero (router_model)
     LocalClassifier.save(out, meta, w.reshape(-1).tolist(), known)
+    _check_forests(np, LocalClassifier.load(out), forests, valid_items[:300])
+    meta.pop("forests")
     meta["seconds"] = round(time.perf_counter() - started, 1)
     return meta
+
+
+def _check_forests(np, model: LocalClassifier, forests, items: list[dict]) -> None:
+    """The compiled forests give what LightGBM gives, on the gateway's own inputs."""
+    for item in items:
+        keys, weight, dense = keyed_features(routing_input(item))
+        x = [*model.scores(routing_input(item))[1:], *dense, float(len(keys))]
+        want = [float(f.predict(np.array([x]), raw_score=True)[0]) for f in forests]
+        got = model.margins(routing_input(item))
+        if any(abs(a - b) > 1e-6 for a, b in zip(want, got)):
+            raise RuntimeError(f"the compiled forests disagree with LightGBM on {item['id']}: {got} != {want}")
 
 
 def cmd_router_train(args) -> int:
