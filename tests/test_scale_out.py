@@ -229,8 +229,7 @@ async def revocations_held(c: Cluster, cli_pid: int):
             conn.execute("PRAGMA busy_timeout=5000")
             conn.execute("BEGIN IMMEDIATE")                                    # WAL: reads go on
             deadline = time.monotonic() + 30
-            while not any(os.path.realpath(f.path) == os.path.realpath(path)
-                          for f in os.scandir(f"/proc/{cli_pid}/fd") if f.is_symlink()):
+            while not _has_open(cli_pid, path):
                 assert time.monotonic() < deadline, "the CLI never opened the database"
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.5)    # SQLite shows no waiter: give the CLI's read and write the time to queue
@@ -240,6 +239,18 @@ async def revocations_held(c: Cluster, cli_pid: int):
             yield release
         finally:
             conn.close()
+
+
+def _has_open(pid: int, path: str) -> bool:
+    """Whether process `pid` has the file open (one of its descriptors may close while we look)."""
+    wanted = os.path.realpath(path)
+    for fd in os.scandir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(fd.path) == wanted:
+                return True
+        except OSError:                 # closed since the listing
+            continue
+    return False
 
 
 async def test_a_key_revoked_with_the_cli_is_refused_by_every_process_at_once(cluster, redis_url):
