@@ -102,7 +102,9 @@ class Provider:
     async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
         raise NotImplementedError
 
-    def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+    def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
+        """The answer's events as they arrive; a list of events is what one network read
+        brought, written together (as if followed by a Flush)."""
         raise NotImplementedError
 
 
@@ -207,7 +209,7 @@ class HTTPProvider(RemoteProvider):
                     raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
                 return check_response(self.parse_response(body, req))
 
-    async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+    async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
         with answer_shape(self):
             async with self._post(req, model, first_byte=True) as resp:
                 if resp.status != 200:
@@ -222,21 +224,20 @@ class HTTPProvider(RemoteProvider):
                         if reader.drained:        # all this read brought is out: the relay may write it
                             yield FLUSH
                     return
-                # The events of each network read parsed in one go (no await per event), then a
-                # Flush; an error is raised after the events parsed before it, as parse_stream would.
+                # The events of each network read parsed in one go (no await per event) and
+                # yielded as one list, which the relay writes together; an error is raised after
+                # the events parsed before it, as parse_stream would.
                 while True:
                     batch = await reader.batch()
                     events, error = parser.feed(batch) if batch else parser.end()
-                    for event in events:
-                        if event.__class__ is StreamEnd:
-                            check_usage(event.usage)
-                        yield event
+                    if events:
+                        if events[-1].__class__ is StreamEnd:
+                            check_usage(events[-1].usage)
+                        yield events
                     if error is not None:
                         raise error
                     if not batch or parser.ended:
                         return
-                    if events:
-                        yield FLUSH
 
     def _post(self, req: ChatRequest, model: "ChatModel", *, first_byte: bool = False):
         self.refuse_foreign_parts(req)
@@ -296,8 +297,8 @@ class _Request:
 
 class StreamParser:
     """Upstream SSE events -> canonical events, one network read at a time. `feed` and
-    `end` return (the events, the exception that stopped parsing or None); once `ended`
-    (the upstream said it is done) nothing more is read."""
+    `end` return (the events, a StreamEnd only as the last; the exception that stopped
+    parsing or None); once `ended` (the upstream said it is done) nothing more is read."""
     ended = False
 
     def feed(self, events: list[tuple[str, bytes]]) -> tuple[list[StreamEvent], BaseException | None]:

@@ -1,6 +1,7 @@
 """The OpenAI chat stream parsed a network read at a time gives the same canonical events,
 and the same error after them, as the event-at-a-time parser it replaced, however the
-upstream's bytes are cut into reads; and each read's events are out before the next read."""
+upstream's bytes are cut into reads; and each read's events are out (one list, written
+together) before the next read."""
 import random
 
 import orjson
@@ -11,7 +12,7 @@ from providers import base
 from providers.base import SSEReader, UpstreamError
 from providers.openai import FINISH_TO_STOP, OpenAIProvider
 from providers.types import (
-    END, ChatRequest, Flush, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, ToolCallDelta,
+    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, ToolCallDelta,
     ToolCallStart,
 )
 
@@ -181,13 +182,13 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         monkeypatch.setattr(base, "_Request", Request)
         got, error = [], None
         try:
-            async for ev in provider.stream(REQ, type("M", (), {"upstream": "m"})()):
-                if isinstance(ev, Flush):       # what arrived so far is out, none of it held back
+            async for item in provider.stream(REQ, type("M", (), {"upstream": "m"})()):
+                assert isinstance(item, list) and item      # a read's events, written together
+                got.extend(item)
+                if not isinstance(item[-1], StreamEnd):     # what arrived so far is out, none held back
                     so_far, _ = reference("up", complete_datas(content.got), eof=False)
                     assert got == so_far
-                    flushed[:] = got
-                else:
-                    got.append(ev)
+                flushed[:] = got
         except UpstreamError as err:
             error = describe(err)
         assert got == want
