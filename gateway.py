@@ -199,27 +199,43 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     ctx.status = 200
     gather = ctx.route.provider.emits_flush    # else write every event at once
     pending: list[bytes] = []
-    ev = first
+    item = first
     try:
         while True:
-            if isinstance(ev, StreamEnd):
-                ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
-                ev.usage = ctx.usage
-                ctx.outcome = OK
-                await finish(ctx)               # the last chunk carries the billing
-            elif isinstance(ev, (TextDelta, ToolCallDelta)):
-                ctx.output_chars += len(ev.text if isinstance(ev, TextDelta) else ev.arguments)
-            elif isinstance(ev, ReasoningDelta):
-                ctx.output_chars += len(ev.text)
-            if not isinstance(ev, Flush):
-                chunk = writer.event(ev)
-                if chunk:
-                    pending.append(chunk)
-            if pending and (isinstance(ev, (Flush, StreamEnd)) or not gather):
+            for ev in item if item.__class__ is list else (item,):   # a list: what one read brought
+                if ev.__class__ is TextDelta:       # most events: a text chunk, gathered until written
+                    ctx.output_chars += len(ev.text)
+                    chunk = writer.event(ev)
+                    if chunk:
+                        pending.append(chunk)
+                        if not gather:
+                            await resp.write(b"".join(pending))
+                            pending.clear()
+                elif isinstance(ev, Flush):
+                    if pending:
+                        await resp.write(b"".join(pending))
+                        pending.clear()
+                else:
+                    if isinstance(ev, StreamEnd):
+                        ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
+                        ev.usage = ctx.usage
+                        ctx.outcome = OK
+                        await finish(ctx)               # the last chunk carries the billing
+                    elif isinstance(ev, (TextDelta, ToolCallDelta)):
+                        ctx.output_chars += len(ev.text if isinstance(ev, TextDelta) else ev.arguments)
+                    elif isinstance(ev, ReasoningDelta):
+                        ctx.output_chars += len(ev.text)
+                    chunk = writer.event(ev)
+                    if chunk:
+                        pending.append(chunk)
+                    if pending and (not gather or isinstance(ev, StreamEnd)):
+                        await resp.write(b"".join(pending))
+                        pending.clear()
+            if pending and item.__class__ is list:     # a read's events leave together
                 await resp.write(b"".join(pending))
                 pending.clear()
             try:
-                ev = await events.__anext__()
+                item = await events.__anext__()
             except StopAsyncIteration:
                 if ctx.outcome != OK:
                     raise UpstreamError(502, f"{ctx.route.provider.name} ended the stream early") from None

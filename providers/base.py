@@ -102,7 +102,9 @@ class Provider:
     async def complete(self, req: ChatRequest, model: "ChatModel") -> ChatResponse:
         raise NotImplementedError
 
-    def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+    def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
+        """The answer's events as they arrive; a list of events is what one network read
+        brought, written together (as if followed by a Flush)."""
         raise NotImplementedError
 
 
@@ -180,6 +182,11 @@ class HTTPProvider(RemoteProvider):
     def parse_stream(self, events: AsyncIterator[tuple[str, bytes]], req: ChatRequest) -> AsyncIterator[StreamEvent]:
         raise NotImplementedError
 
+    def stream_parser(self, req: ChatRequest) -> "StreamParser | None":
+        """A synchronous parser of whole network reads, where the provider has one (cheaper
+        than `parse_stream`'s await per event); None: `parse_stream` it is."""
+        return None
+
     def error_message(self, body: Any) -> str | None:
         if isinstance(body, dict):
             err = body.get("error")
@@ -202,18 +209,35 @@ class HTTPProvider(RemoteProvider):
                     raise UpstreamError(502, f"{self.name} answered with a body that is not JSON") from None
                 return check_response(self.parse_response(body, req))
 
-    async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent]:
+    async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
         with answer_shape(self):
             async with self._post(req, model, first_byte=True) as resp:
                 if resp.status != 200:
                     raise self._error(resp, await read_capped(self, resp))
                 reader = SSEReader(resp.content, self.name, self.limits)
-                async for event in self.parse_stream(reader, req):
-                    if isinstance(event, StreamEnd):
-                        check_usage(event.usage)
-                    yield event
-                    if reader.drained:        # all this read brought is out: the relay may write it
-                        yield FLUSH
+                parser = self.stream_parser(req)
+                if parser is None:
+                    async for event in self.parse_stream(reader, req):
+                        if isinstance(event, StreamEnd):
+                            check_usage(event.usage)
+                        yield event
+                        if reader.drained:        # all this read brought is out: the relay may write it
+                            yield FLUSH
+                    return
+                # The events of each network read parsed in one go (no await per event) and
+                # yielded as one list, which the relay writes together; an error is raised after
+                # the events parsed before it, as parse_stream would.
+                while True:
+                    batch = await reader.batch()
+                    events, error = parser.feed(batch) if batch else parser.end()
+                    if events:
+                        if events[-1].__class__ is StreamEnd:
+                            check_usage(events[-1].usage)
+                        yield events
+                    if error is not None:
+                        raise error
+                    if not batch or parser.ended:
+                        return
 
     def _post(self, req: ChatRequest, model: "ChatModel", *, first_byte: bool = False):
         self.refuse_foreign_parts(req)
@@ -271,6 +295,20 @@ class _Request:
             raise UpstreamError(502, f"{self.p.name} connection broke mid-response: {exc_type.__name__}") from None
 
 
+class StreamParser:
+    """Upstream SSE events -> canonical events, one network read at a time. `feed` and
+    `end` return (the events, a StreamEnd only as the last; the exception that stopped
+    parsing or None); once `ended` (the upstream said it is done) nothing more is read."""
+    ended = False
+
+    def feed(self, events: list[tuple[str, bytes]]) -> tuple[list[StreamEvent], BaseException | None]:
+        raise NotImplementedError
+
+    def end(self) -> tuple[list[StreamEvent], BaseException | None]:
+        """The upstream closed the stream."""
+        raise NotImplementedError
+
+
 class SSEReader:
     """Server-sent events as (event name or "", data bytes), as soon as each arrives.
 
@@ -298,6 +336,20 @@ class SSEReader:
         return self
 
     async def __anext__(self) -> tuple[str, bytes]:
+        if not self.events and not await self._fill():
+            raise StopAsyncIteration
+        return self.events.popleft()
+
+    async def batch(self) -> list[tuple[str, bytes]]:
+        """Every event the next network read brought (at least one), or [] at the end."""
+        if not self.events and not await self._fill():
+            return []
+        events = list(self.events)
+        self.events.clear()
+        return events
+
+    async def _fill(self) -> bool:
+        """Read until at least one event is complete; -> False at the end of the stream."""
         while not self.events:
             try:
                 if self.content.is_eof():       # the rest is here already: no read can stall
@@ -309,9 +361,7 @@ class SSEReader:
             except StopAsyncIteration:
                 self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
                 self.buffer = b""
-                if not self.events:
-                    raise
-                break
+                return bool(self.events)
             except asyncio.TimeoutError:
                 raise UpstreamError(502, f"{self.provider} stopped sending mid-stream", code="upstream_timeout") from None
             except aiohttp.ClientError as exc:
@@ -321,7 +371,7 @@ class SSEReader:
             if len(self.buffer) > self.max_event:
                 raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
                                          f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
-        return self.events.popleft()
+        return True
 
     def _split(self, buffer: bytes) -> bytes:
         """Queue the complete events in `buffer`; -> what is left of an incomplete one."""

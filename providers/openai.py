@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Literal
 
-from .base import HTTPProvider, HTTPSettings, UpstreamError, loads_event
+import orjson
+
+from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
     ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
@@ -173,39 +175,24 @@ class OpenAIProvider(HTTPProvider):
                             raw=body, raw_format=self.wire_format)
 
     async def parse_stream(self, events, req: ChatRequest) -> AsyncIterator[StreamEvent]:
-        started = done = False
-        finish: str | None = None
-        usage: Usage | None = None
-        ordinal: dict[int, int] = {}      # upstream tool index -> our ordinal
-        ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
-        async for _, data in events:
-            if data.strip() == b"[DONE]":
-                done = True
-                break
-            chunk = loads_event(self.name, data)
-            if "error" in chunk:
-                err = chunk["error"]
-                raise UpstreamError(502, f"{self.name} failed mid-stream: "
-                                         f"{err.get('message') if isinstance(err, dict) else err}")
-            if not started:
-                started = True
-                yield StreamStart(id=chunk.get("id", ""), model=chunk.get("model", ""))
-            if chunk.get("usage"):
-                usage = usage_from_openai(chunk["usage"])
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("reasoning_content"):
-                    yield ReasoningDelta(text=delta["reasoning_content"])
-                if delta.get("content"):
-                    yield TextDelta(delta["content"])
-                for tc in delta.get("tool_calls") or []:
-                    for ev in self._tool_delta(tc, ordinal, ids):
-                        yield ev
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
-        if not done and finish is None:
-            raise UpstreamError(502, f"{self.name} ended the stream before finishing")
-        yield StreamEnd(stop_reason=FINISH_TO_STOP.get(finish or "stop", END), usage=usage)
+        parser = ChunkParser(self.name)
+        async for event in events:
+            out, error = parser.feed((event,))
+            for ev in out:
+                yield ev
+            if error is not None:
+                raise error
+            if parser.ended:
+                return
+        out, error = parser.end()
+        for ev in out:
+            yield ev
+        if error is not None:
+            raise error
+
+    def stream_parser(self, req: ChatRequest) -> "ChunkParser | None":
+        # a subclass that parses its stream its own way keeps its parse_stream
+        return ChunkParser(self.name) if type(self).parse_stream is OpenAIProvider.parse_stream else None
 
     @staticmethod
     def _tool_delta(tc: dict, ordinal: dict[int, int], ids: dict[int, str]):
@@ -222,3 +209,61 @@ class OpenAIProvider(HTTPProvider):
         fragment = (fn or {}).get("input" if tc.get("type") == "custom" else "arguments")
         if fragment:
             yield ToolCallDelta(ordinal[index], fragment)
+
+
+class ChunkParser(StreamParser):
+    """Chat-completions stream chunks -> canonical events, a network read's worth at a time."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.started = self.ended = False
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+        self.ordinal: dict[int, int] = {}      # upstream tool index -> our ordinal
+        self.ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
+
+    def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
+        out: list[StreamEvent] = []
+        append = out.append
+        try:
+            for _, data in events:
+                if data[:1] != b"{" and data.strip() == b"[DONE]":
+                    self.ended = True
+                    append(self._end())
+                    break
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError(502, f"{self.name} sent a stream event that is not JSON") from None
+                if chunk.__class__ is not dict:
+                    raise UpstreamError(502, f"{self.name} sent a stream event that is not an object")
+                if "error" in chunk:
+                    err = chunk["error"]
+                    raise UpstreamError(502, f"{self.name} failed mid-stream: "
+                                             f"{err.get('message') if isinstance(err, dict) else err}")
+                if not self.started:
+                    self.started = True
+                    append(StreamStart(id=chunk.get("id", ""), model=chunk.get("model", "")))
+                if chunk.get("usage"):
+                    self.usage = usage_from_openai(chunk["usage"])
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("reasoning_content"):
+                        append(ReasoningDelta(text=delta["reasoning_content"]))
+                    if delta.get("content"):
+                        append(TextDelta(delta["content"]))
+                    for tc in delta.get("tool_calls") or ():
+                        out.extend(OpenAIProvider._tool_delta(tc, self.ordinal, self.ids))
+                    if choice.get("finish_reason"):
+                        self.finish = choice["finish_reason"]
+        except Exception as exc:       # the events before it still go out, then the error
+            return out, exc
+        return out, None
+
+    def end(self) -> tuple[list[StreamEvent], BaseException | None]:
+        if self.finish is None:
+            return [], UpstreamError(502, f"{self.name} ended the stream before finishing")
+        return [self._end()], None
+
+    def _end(self) -> StreamEnd:
+        return StreamEnd(stop_reason=FINISH_TO_STOP.get(self.finish or "stop", END), usage=self.usage)

@@ -1,0 +1,211 @@
+"""The OpenAI chat stream parsed a network read at a time gives the same canonical events,
+and the same error after them, as the event-at-a-time parser it replaced, however the
+upstream's bytes are cut into reads; and each read's events are out (one list, written
+together) before the next read."""
+import random
+
+import orjson
+import pytest
+
+from config import ProviderConfig
+from providers import base
+from providers.base import SSEReader, UpstreamError
+from providers.openai import FINISH_TO_STOP, OpenAIProvider
+from providers.types import (
+    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, ToolCallDelta,
+    ToolCallStart,
+)
+
+
+def reference(name: str, datas: list[bytes], eof: bool):
+    """The parser as it was before batching, one event at a time: -> (events, error text)."""
+    out, started, done, finish, usage, ordinal, ids = [], False, False, None, None, {}, {}
+    try:
+        for data in datas:
+            if data.strip() == b"[DONE]":
+                done = True
+                break
+            chunk = base.loads_event(name, data)
+            if "error" in chunk:
+                err = chunk["error"]
+                raise UpstreamError(502, f"{name} failed mid-stream: "
+                                         f"{err.get('message') if isinstance(err, dict) else err}")
+            if not started:
+                started = True
+                out.append(StreamStart(id=chunk.get("id", ""), model=chunk.get("model", "")))
+            if chunk.get("usage"):
+                from providers.openai import usage_from_openai
+                usage = usage_from_openai(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    out.append(ReasoningDelta(text=delta["reasoning_content"]))
+                if delta.get("content"):
+                    out.append(TextDelta(delta["content"]))
+                for tc in delta.get("tool_calls") or []:
+                    out.extend(OpenAIProvider._tool_delta(tc, ordinal, ids))
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        if not done and not eof:
+            return out, None
+        if not done and finish is None:
+            raise UpstreamError(502, f"{name} ended the stream before finishing")
+        out.append(StreamEnd(stop_reason=FINISH_TO_STOP.get(finish or "stop", END), usage=usage))
+    except Exception as exc:
+        return out, describe(exc)
+    return out, None
+
+
+def describe(exc: Exception) -> str:
+    return f"UpstreamError: {exc.message}" if isinstance(exc, UpstreamError) else f"{type(exc).__name__}: {exc}"
+
+
+def random_event(rng: random.Random) -> bytes:
+    text = rng.choice(["word ", "", "é\u2028\"q\"\\n", "🙂", " "])
+    kind = rng.choices(["text", "reason", "tool", "finish", "usage", "other", "error", "bad", "list"],
+                       [40, 6, 10, 6, 5, 5, 1, 1, 1])[0]
+    choice: dict = {"index": 0, "delta": {}, "finish_reason": None}
+    body: dict = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+    if kind == "text":
+        choice["delta"] = {"content": text}
+    elif kind == "reason":
+        choice["delta"] = {"reasoning_content": text}
+    elif kind == "tool":
+        tc = {"index": rng.choice([0, 0, 1]), "function": {"arguments": rng.choice(['{"a":', "1}", ""])}}
+        if rng.random() < 0.3:
+            tc.update(id=rng.choice(["call_a", "call_b"]), type="function")
+            tc["function"]["name"] = "f"
+        if rng.random() < 0.1:
+            tc = {"index": 0, "type": "custom", "custom": {"name": "g", "input": "x"}}
+        choice["delta"] = {"tool_calls": [tc]}
+    elif kind == "finish":
+        choice["finish_reason"] = rng.choice(["stop", "length", "tool_calls", "content_filter", "odd"])
+    elif kind == "usage":
+        body.update(choices=[], usage={"prompt_tokens": 3, "completion_tokens": rng.randint(0, 9)})
+    elif kind == "other":
+        body["choices"] = rng.choice([[], None, [{"index": 0}]])
+    elif kind == "error":
+        body = {"error": rng.choice([{"message": "boom"}, "plain"])}
+    elif kind == "bad":
+        return rng.choice([b"{not json", b"[1, 2]", b"\"s\""])
+    else:
+        choice["delta"] = {"tool_calls": [{"index": "x"}]}     # a malformed shape
+    return orjson.dumps(body)
+
+
+def random_stream(rng: random.Random) -> tuple[bytes, list[bytes], bool]:
+    """-> (the upstream's bytes, the data of its events, whether it ends with [DONE])"""
+    datas = [random_event(rng) for _ in range(rng.randint(0, 12))]
+    done = rng.random() < 0.7
+    if done:
+        datas.append(rng.choice([b"[DONE]", b" [DONE] "]))
+    nl = rng.choice([b"\n", b"\r\n"])
+    raw = b"".join(b"data: " + d + nl + nl if rng.random() < 0.8 else b": c" + nl + b"data:" + d + nl + nl
+                   for d in datas)
+    return raw, datas, done
+
+
+class Content:
+    """An upstream body handed over in the given pieces, one piece per read."""
+
+    def __init__(self, pieces: list[bytes], before_read=None):
+        self.pieces, self.got, self.before_read = list(pieces), b"", before_read
+
+    def is_eof(self):
+        return True
+
+    def iter_any(self):
+        return self
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.before_read:
+            self.before_read(self.got)
+        if not self.pieces:
+            raise StopAsyncIteration
+        self.got += self.pieces[0]
+        return self.pieces.pop(0)
+
+
+def cut(raw: bytes, rng: random.Random) -> list[bytes]:
+    points = sorted(rng.sample(range(1, len(raw)), min(len(raw) - 1, rng.randint(0, 6)))) if len(raw) > 1 else []
+    return [raw[a:b] for a, b in zip([0] + points, points + [len(raw)])]
+
+
+def complete_datas(got: bytes) -> list[bytes]:
+    """The data of every complete event in what has arrived so far."""
+    blocks = got.replace(b"\r\n", b"\n").split(b"\n\n")[:-1]
+    return [line[6:] if line[5:6] == b" " else line[5:]
+            for block in blocks for line in block.split(b"\n") if line.startswith(b"data:")]
+
+
+@pytest.fixture
+def provider():
+    return OpenAIProvider(ProviderConfig(name="up", type="openai", settings={"api_key": "k"}), None)
+
+
+REQ = ChatRequest(model="m", messages=[Message("user", [TextPart("hi")])], max_tokens=16, stream=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monkeypatch, seed):
+    rng = random.Random(seed)
+    for _ in range(25):
+        raw, _, _ = random_stream(rng)
+        pieces = cut(raw, rng)
+        want, want_error = reference("up", complete_datas(raw), eof=True)
+
+        flushed: list = []
+
+        def before_read(got: bytes) -> None:        # no event of an earlier read waits for this one
+            assert flushed == reference("up", complete_datas(got), eof=False)[0]
+
+        content = Content(pieces, before_read)
+
+        class Resp:
+            status = 200
+
+        Resp.content = content
+
+        class Request:
+            def __init__(self, *a, **k):
+                pass
+
+            async def __aenter__(self):
+                return Resp()
+
+            async def __aexit__(self, *exc):
+                pass
+
+        monkeypatch.setattr(base, "_Request", Request)
+        got, error = [], None
+        try:
+            async for item in provider.stream(REQ, type("M", (), {"upstream": "m"})()):
+                assert isinstance(item, list) and item      # a read's events, written together
+                got.extend(item)
+                if not isinstance(item[-1], StreamEnd):     # what arrived so far is out, none held back
+                    so_far, _ = reference("up", complete_datas(content.got), eof=False)
+                    assert got == so_far
+                flushed[:] = got
+        except UpstreamError as err:
+            error = describe(err)
+        assert got == want
+        if want_error is None:
+            assert error is None
+        else:
+            assert error is not None
+            if want_error.startswith("UpstreamError"):
+                assert error == want_error
+            else:               # a malformed shape: the 502 the shape guard makes of it
+                assert "shape" in error
+
+        # the event-at-a-time interface (a subclass calling super().parse_stream) agrees too
+        got2, error2 = [], None
+        try:
+            async for ev in provider.parse_stream(SSEReader(Content(pieces), "up"), REQ):
+                got2.append(ev)
+        except Exception as exc:
+            error2 = describe(exc)
+        assert got2 == want and error2 == want_error
