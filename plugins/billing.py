@@ -27,8 +27,9 @@ async def gateway_reserve(ctx: CallContext):
     amount, tokens_in, cap = ctx.pricer.reserve(ctx)
     ledger = ctx.request.app[STORE].ledger
     p = ctx.principal
-    request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), key_id=p.key_id,
-                          agent_id=p.agent_id, key_limit=keypolicy.limit_for(p.policy), **usage.labels(ctx))
+    # Positional (fields in HoldRequest's order): a class called with keywords builds a dict per call.
+    request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), p.key_id,
+                          p.agent_id, *usage.label_values(ctx), keypolicy.limit_for(p.policy))
     pending = asyncio.ensure_future(ledger.reserve(request))
     try:
         reserved = await asyncio.shield(pending)
@@ -42,8 +43,8 @@ async def gateway_reserve(ctx: CallContext):
         raise GatewayError(402, f"balance ${usd(have):.6f} does not cover {ctx.pricer.shortfall(ctx, amount)}; "
                                 "lower the request or add credits", code="insufficient_credits")
     HOLDS_OPEN.inc()
-    return Hold(kind="credits", amount_micro=amount, call_id=ctx.call_id, input_tokens=tokens_in, output_cap=cap,
-                data={"free": reserved.free_micro, "reserved": reserved})
+    # kind, amount_micro, call_id, input_tokens, output_cap, settled, data
+    return Hold("credits", amount, ctx.call_id, tokens_in, cap, False, {"free": reserved.free_micro, "reserved": reserved})
 
 
 async def _undo(pending: asyncio.Future, ledger, call_id: str) -> None:

@@ -37,7 +37,7 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
     """Run one call: `prepare(ctx, body)` fills the call from the request body, then the
     stages run, then `serve(ctx)` does the upstream work and answers. Any refusal or
     failure becomes the format's own error shape; settlement happens exactly once."""
-    ctx = CallContext(request=request, format=fmt, call_id=request[REQUEST_ID])
+    ctx = CallContext(request, fmt, request[REQUEST_ID])     # positional: no keyword dict per call
     spans = request.app[SPANS]
     try:
         with spans.stage("parse"):

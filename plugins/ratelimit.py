@@ -106,7 +106,7 @@ async def gateway_admit(ctx: CallContext):
     tokens = _tokens(ctx)
     buckets = []
     if rpm:
-        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm), window=True))
+        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm), True))      # a window
     if tpm and tokens:
         buckets.append(Bucket(f"{who}:tpm", tokens, float(tpm)))
     if not buckets:

@@ -14,24 +14,30 @@ from .storage import UsageRow, now
 
 
 def row(ctx: CallContext) -> UsageRow:
-    p, b = ctx.principal, ctx.billing
-    return UsageRow(call_id=ctx.call_id, account_id=p.account_id if p else None, key_id=p.key_id if p else None,
-                    agent_id=p.agent_id if p else None, endpoint=ctx.endpoint,
-                    requested_model=ctx.route.requested_model if ctx.route else None,
-                    model=ctx.route.model.id if ctx.route else None,
-                    input_tokens=b.get("input_tokens_billed", 0), output_tokens=b.get("output_tokens_billed", 0),
-                    usd_micro=ctx.charge_micro, status=ctx.status, outcome=ctx.outcome,
-                    latency_ms=int((time.monotonic() - ctx.started) * 1000), billing=orjson.dumps(b).decode(),
-                    created_at=now())
+    p, b, route = ctx.principal, ctx.billing, ctx.route
+    # Positional, in UsageRow's field order (call_id, account_id, key_id, agent_id, endpoint, requested_model,
+    # model, input_tokens, output_tokens, usd_micro, status, outcome, latency_ms, billing, created_at):
+    # a class called with keywords builds a dict per call.
+    return UsageRow(ctx.call_id, p.account_id if p else None, p.key_id if p else None, p.agent_id if p else None,
+                    ctx.endpoint, route.requested_model if route else None, route.model.id if route else None,
+                    b.get("input_tokens_billed", 0), b.get("output_tokens_billed", 0), ctx.charge_micro, ctx.status,
+                    ctx.outcome, int((time.monotonic() - ctx.started) * 1000), orjson.dumps(b).decode(), now())
+
+
+LABELS = ("endpoint", "requested_model", "model")
+
+
+def label_values(ctx: CallContext) -> tuple[str, str | None, str | None]:
+    """What a usage row says about a call before it ran: its `LABELS` (endpoint, requested
+    and served model), recorded with its hold or x402 payment so a `crashed` row can be
+    written if its process dies."""
+    route = ctx.route
+    return ctx.format.endpoint, route.requested_model if route else ctx.model_id, route.model.id if route else None
 
 
 def labels(ctx: CallContext) -> dict[str, str | None]:
-    """What a usage row says about a call before it ran (endpoint, requested and served
-    model), recorded with its hold or x402 payment so a `crashed` row can be written if its
-    process dies."""
-    route = ctx.route
-    return {"endpoint": ctx.endpoint, "requested_model": route.requested_model if route else ctx.model_id,
-            "model": route.model.id if route else None}
+    """`label_values` by name."""
+    return dict(zip(LABELS, label_values(ctx)))
 
 
 def mark_written(ctx: CallContext) -> None:

@@ -98,11 +98,10 @@ def usage_from_openai(u: dict[str, Any] | None) -> Usage | None:
         return None
     details = u.get("prompt_tokens_details") or {}
     out_details = u.get("completion_tokens_details") or {}
-    return Usage(input_tokens=int(u.get("prompt_tokens") or 0),
-                 output_tokens=int(u.get("completion_tokens") or 0),
-                 cache_read_tokens=int(details.get("cached_tokens") or 0),
-                 cache_write_tokens=int(details.get("cache_write_tokens") or 0),
-                 reasoning_tokens=int(out_details.get("reasoning_tokens") or 0))
+    # input, output, cache read, cache write, reasoning (positional: no keyword dict per call)
+    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
+                 int(details.get("cached_tokens") or 0), int(details.get("cache_write_tokens") or 0),
+                 int(out_details.get("reasoning_tokens") or 0))
 
 
 class OpenAISettings(HTTPSettings):
@@ -170,9 +169,9 @@ class OpenAIProvider(HTTPProvider):
         if msg.get("refusal") and not msg.get("content"):
             content.append(TextPart(msg["refusal"]))
             stop = CONTENT_FILTER
-        return ChatResponse(id=body.get("id", ""), model=body.get("model", ""), content=content,
-                            stop_reason=stop, usage=usage_from_openai(body.get("usage")),
-                            raw=body, raw_format=self.wire_format)
+        # id, model, content, stop_reason, stop_sequence, usage, raw, raw_format (positional: no keyword dict)
+        return ChatResponse(body.get("id", ""), body.get("model", ""), content, stop, None,
+                            usage_from_openai(body.get("usage")), body, self.wire_format)
 
     async def parse_stream(self, events, req: ChatRequest) -> AsyncIterator[StreamEvent]:
         parser = ChunkParser(self.name)

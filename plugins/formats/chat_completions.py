@@ -165,12 +165,12 @@ class ChatCompletionsFormat(ClientFormat):
             max_tokens = f.integer("max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1, clamp=MAX_TOKENS_CAP)
         tools = parse_tools(f)
         effort = f.string("reasoning_effort")
+        # Positional, in ChatRequest's field order (model, messages, max_tokens, stream, tools, tool_choice,
+        # stop, temperature, top_p, extra, extra_format, reasoning): keywords would build a dict per call.
         return ChatRequest(
-            model=model, messages=messages, max_tokens=max_tokens, stream=f.boolean("stream"),
-            tools=tools, tool_choice=parse_tool_choice(f, tools), stop=f.stop_list("stop"),
-            temperature=f.number("temperature"), top_p=f.number("top_p"),
-            reasoning={"effort": effort} if effort else None,
-            extra={k: v for k, v in body.items() if k not in KNOWN}, extra_format=self.name)
+            model, messages, max_tokens, f.boolean("stream"), tools, parse_tool_choice(f, tools), f.stop_list("stop"),
+            f.number("temperature"), f.number("top_p"), {k: v for k, v in body.items() if k not in KNOWN}, self.name,
+            {"effort": effort} if effort else None)
 
     def render(self, resp: ChatResponse, ctx: CallContext) -> dict[str, Any]:
         if resp.raw_format == self.name and resp.raw:
