@@ -24,22 +24,14 @@ import orjson
 from config.schema import Seconds, Section
 from plugins.errors import GatewayError, bad_request
 
-from .guard import UpstreamLimits, answer_shape, check_response, check_usage, read_capped, scrubber
+from .guard import (  # noqa: F401  (UpstreamError is imported from here by the providers)
+    UpstreamError, UpstreamLimits, answer_shape, check_response, check_usage, read_capped, scrubber,
+)
 
 from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEnd, StreamEvent
 
 if TYPE_CHECKING:
     from config import ChatModel, ProviderConfig
-
-
-class UpstreamError(GatewayError):
-    """The upstream failed or refused. Never charged."""
-    from_upstream = True
-
-    def __init__(self, status: int, message: str, *, code: str = "upstream_error",
-                 retry_after: str | None = None):
-        headers = {"Retry-After": retry_after} if retry_after else None
-        super().__init__(status, message, code=code, headers=headers)
 
 
 def map_upstream_status(provider: str, status: int, detail: str, retry_after: str | None) -> UpstreamError:

@@ -21,10 +21,23 @@ from typing import TYPE_CHECKING, Any, Callable
 import aiohttp
 import structlog
 
+from plugins.errors import GatewayError
+
 from .types import STOP_REASONS, ReasoningPart, TextPart, ToolCall
 
 if TYPE_CHECKING:
     from .base import RemoteProvider
+
+
+class UpstreamError(GatewayError):
+    """The upstream failed or refused. Never charged."""
+    from_upstream = True
+
+    def __init__(self, status: int, message: str, *, code: str = "upstream_error",
+                 retry_after: str | None = None):
+        headers = {"Retry-After": retry_after} if retry_after else None
+        super().__init__(status, message, code=code, headers=headers)
+
 
 log = structlog.get_logger("upstream")
 
@@ -88,20 +101,13 @@ async def read_capped(provider: "RemoteProvider", resp: aiohttp.ClientResponse, 
                 raise _too_large(provider, cap)
             chunks.append(chunk)
     except asyncio.TimeoutError:
-        raise _upstream_error()(502, f"{provider.name} stopped answering mid-response",
-                                code="upstream_timeout") from None
-
-
-def _upstream_error() -> type:
-    """providers.base imports this module first, so its error class is looked up when needed
-    (only on a failure path: an import per call costs as much as a small stage)."""
-    from .base import UpstreamError
-    return UpstreamError
+        raise UpstreamError(502, f"{provider.name} stopped answering mid-response",
+                            code="upstream_timeout") from None
 
 
 def _too_large(provider, cap: int):
-    return _upstream_error()(502, f"{provider.name} answered with more than {cap / MB:g} MB; "
-                                  "the answer was dropped and nothing was charged", code="upstream_too_large")
+    return UpstreamError(502, f"{provider.name} answered with more than {cap / MB:g} MB; "
+                              "the answer was dropped and nothing was charged", code="upstream_too_large")
 
 
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, UnicodeError, OverflowError)
@@ -113,13 +119,13 @@ def answer_shape(provider: "RemoteProvider"):
     upstream error's text leaves scrubbed."""
     try:
         yield
-    except _upstream_error() as err:    # evaluated only when something was raised
+    except UpstreamError as err:
         err.message = provider.scrub(err.message)
         raise
     except MALFORMED as exc:
         log.warning("upstream_malformed", provider=provider.name, error=repr(exc)[:300])
-        raise _upstream_error()(502, f"{provider.name} answered in a shape the gateway does not understand; "
-                                     "nothing was charged", code="upstream_malformed") from None
+        raise UpstreamError(502, f"{provider.name} answered in a shape the gateway does not understand; "
+                                 "nothing was charged", code="upstream_malformed") from None
 
 
 MAX_COUNT = 2 ** 53      # token counts beyond this are nonsense (and break JSON numbers)

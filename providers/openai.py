@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Literal
 
-import orjson
-
-from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError
+from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
     ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
@@ -230,12 +228,7 @@ class ChunkParser(StreamParser):
                     self.ended = True
                     append(self._end())
                     break
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    raise UpstreamError(502, f"{self.name} sent a stream event that is not JSON") from None
-                if chunk.__class__ is not dict:
-                    raise UpstreamError(502, f"{self.name} sent a stream event that is not an object")
+                chunk = loads_event(self.name, data)
                 if "error" in chunk:
                     err = chunk["error"]
                     raise UpstreamError(502, f"{self.name} failed mid-stream: "
