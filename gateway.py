@@ -199,41 +199,37 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     ctx.status = 200
     gather = ctx.route.provider.emits_flush    # else write every event at once
     pending: list[bytes] = []
+
+    async def send() -> None:
+        await resp.write(b"".join(pending))
+        pending.clear()
+
     item = first
     try:
         while True:
             for ev in item if item.__class__ is list else (item,):   # a list: what one read brought
-                if ev.__class__ is TextDelta:       # most events: a text chunk, gathered until written
+                if ev.__class__ is TextDelta:       # most events: checked first, by class alone
                     ctx.output_chars += len(ev.text)
-                    chunk = writer.event(ev)
-                    if chunk:
-                        pending.append(chunk)
-                        if not gather:
-                            await resp.write(b"".join(pending))
-                            pending.clear()
-                elif isinstance(ev, Flush):
+                elif isinstance(ev, Flush):         # what the read brought is all here
                     if pending:
-                        await resp.write(b"".join(pending))
-                        pending.clear()
-                else:
-                    if isinstance(ev, StreamEnd):
-                        ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
-                        ev.usage = ctx.usage
-                        ctx.outcome = OK
-                        await finish(ctx)               # the last chunk carries the billing
-                    elif isinstance(ev, (TextDelta, ToolCallDelta)):
-                        ctx.output_chars += len(ev.text if isinstance(ev, TextDelta) else ev.arguments)
-                    elif isinstance(ev, ReasoningDelta):
-                        ctx.output_chars += len(ev.text)
-                    chunk = writer.event(ev)
-                    if chunk:
-                        pending.append(chunk)
-                    if pending and (not gather or isinstance(ev, StreamEnd)):
-                        await resp.write(b"".join(pending))
-                        pending.clear()
+                        await send()
+                    continue
+                elif isinstance(ev, StreamEnd):
+                    ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
+                    ev.usage = ctx.usage
+                    ctx.outcome = OK
+                    await finish(ctx)               # the last chunk carries the billing
+                elif isinstance(ev, ToolCallDelta):
+                    ctx.output_chars += len(ev.arguments)
+                elif isinstance(ev, (TextDelta, ReasoningDelta)):
+                    ctx.output_chars += len(ev.text)
+                chunk = writer.event(ev)
+                if chunk:
+                    pending.append(chunk)
+                if pending and (not gather or isinstance(ev, StreamEnd)):
+                    await send()
             if pending and item.__class__ is list:     # a read's events leave together
-                await resp.write(b"".join(pending))
-                pending.clear()
+                await send()
             try:
                 item = await events.__anext__()
             except StopAsyncIteration:
