@@ -107,7 +107,7 @@ class Matrix:
         self.n = len(items)
         self.rows, self.slots = np.array(rows, dtype=np.int64), np.array(slots, dtype=np.int64)
         self.values, self.dense = np.array(values), np.array(dense).reshape(self.n, len(DENSE))
-        self.y, self.more = targets(np, items, soft)
+        self.more = targets(np, items, soft)[1]
 
     def scores(self, np, w):
         """(n, columns) scores for weights w of shape (FEATURES, columns)."""
@@ -175,10 +175,6 @@ def fit_temperatures(np, scores, y) -> list[float]:
             return float(-np.where(needs, np.log(q), np.log(1 - q)).mean())
         chosen.append(min(TEMPERATURES, key=loss))
     return chosen
-
-
-def nll(np, probs, y) -> float:
-    return float(-np.log(probs[np.arange(len(y)), y] + 1e-12).mean())
 
 
 def choose_route_up(np, probs, y, max_under: float) -> tuple[list, dict, list]:
