@@ -92,9 +92,12 @@ class LocalClassifier:
 
     @staticmethod
     def save(path: Path, meta: dict, weights: list[float], known) -> None:
+        """`known`: the known keys in the order the table should hold them (router-train gives
+        the commonest first: the gateway's dict is built in file order, and keys built together
+        sit together in memory)."""
         if any("\n" in key for key in known):
             raise ValueError("a key holds a line break")
-        table = "\n".join(sorted(set(known))).encode()
+        table = "\n".join(dict.fromkeys(known)).encode()
         flat = array("f", weights)
         if sys.byteorder == "big":
             flat.byteswap()
