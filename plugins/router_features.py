@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
-NGRAMS = (2, 3, 4, 5)
+NGRAMS = (1, 2, 4)              # character n-gram lengths (chosen on validation: as exact as 2-5, half the keys)
 QUESTION_CAP = 320                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
