@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 
 BUCKETS = 1 << 16                 # hashed n-gram slots; the dense features follow them
-NGRAMS = (2, 3, 4, 5)
+NGRAMS = (1, 2, 4)              # character n-gram lengths (chosen on validation: as exact as 2-5, half the keys)
 QUESTION_CAP = 320                # characters of question that give n-grams (head and tail): bounds the time
 LONG_TURN = 700                   # a turn longer than this may carry pasted context
 HISTORY_CAP = 300                 # characters of earlier turns that give word features
@@ -159,12 +159,11 @@ def keyed_features(inp: RoutingInput) -> tuple[set[str], float, list[float]]:
     hashing each one); training hashes them into slots."""
     question, context = split_question(inp.last)
     norm = _normalise(question)
-    keys = [norm[i:i + n] for n in NGRAMS for i in range(len(norm) - n + 1)]
+    keys = {norm[i:i + n] for n in NGRAMS for i in range(len(norm) - n + 1)}
     words = _WORDS.findall(norm)
-    keys += ["\x01" + w for w in words]
-    keys += ["\x02" + a + " " + b for a, b in zip(words, words[1:])]
-    keys += ["\x03" + w for w in _WORDS.findall(inp.history[-HISTORY_CAP:].lower())]
-    keys = set(keys)
+    keys.update(map("\x01".__add__, words))
+    keys.update(map("\x02{} {}".format, words, words[1:]))
+    keys.update(map("\x03".__add__, _WORDS.findall(inp.history[-HISTORY_CAP:].lower())))
     weight = 1.0 / math.sqrt(len(keys)) if keys else 0.0
     scan = _ends(question, SCAN_CAP)
     cjk_share = len(_CJK.findall(scan)) / max(1, len(scan))
@@ -178,7 +177,7 @@ def keyed_features(inp: RoutingInput) -> tuple[set[str], float, list[float]]:
              _log(inp.tools), 1.0 if inp.tool_results else 0.0, 1.0 if inp.history else 0.0,
              _log(len(inp.history)), cjk_share]
     plain = " " + " ".join(_PUNCT.sub(" ", scan.lower()).split()) + " "
-    dense += [1.0 if any(mark in plain for mark in marks) else 0.0 for marks in LEXICON.values()]
+    dense += [1.0 if any(map(plain.__contains__, marks)) else 0.0 for marks in LEXICON.values()]
     dense += [float(q_len < cut) for cut in (30, 80, 160, 300, 600)]
     dense += [float(numbers >= 3), float(numbers >= 6), float(clauses >= 3), float(clauses >= 6)]
     return keys, weight, dense

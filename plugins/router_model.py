@@ -31,11 +31,11 @@ from functools import cache
 from itertools import repeat
 from pathlib import Path
 
-from .router_features import DENSE, FEATURES, RoutingInput, keyed_features, slot
+from .router_features import DENSE, FEATURES, NGRAMS, RoutingInput, keyed_features, slot
 from .router_forest import compile_forests
 
 TIERS = ("easy", "medium", "hard", "frontier")
-VERSION = 5                        # the file format and model kind; an older file is refused
+VERSION = 6                        # the file format and model kind; an older file is refused
 STACKED = 3 + len(DENSE) + 1       # what the forests read: the cut scores, the dense features, the key count
 WEIGHTS = Path(__file__).resolve().parent / "router_model.bin"
 
@@ -53,7 +53,8 @@ class Decision:
 
 class LocalClassifier:
     def __init__(self, meta: dict, weights: array, known: list[str]):
-        if meta.get("dense") != list(DENSE) or meta.get("version") != VERSION or len(weights) != FEATURES * len(TIERS):
+        if (meta.get("dense") != list(DENSE) or meta.get("ngrams") != list(NGRAMS) or meta.get("version") != VERSION
+                or len(weights) != FEATURES * len(TIERS)):
             raise ValueError("the router model does not match this version's features; retrain it")
         self.meta = meta
         self.temperatures = tuple(float(t) for t in meta["temperatures"])
@@ -92,13 +93,17 @@ class LocalClassifier:
 
     @staticmethod
     def save(path: Path, meta: dict, weights: list[float], known) -> None:
+        """`known`: the known keys in the order the table should hold them (router-train gives
+        the commonest first: the gateway's dict is built in file order, and keys built together
+        sit together in memory)."""
         if any("\n" in key for key in known):
             raise ValueError("a key holds a line break")
-        table = "\n".join(sorted(set(known))).encode()
+        table = "\n".join(dict.fromkeys(known)).encode()
         flat = array("f", weights)
         if sys.byteorder == "big":
             flat.byteswap()
-        head = json.dumps({**meta, "version": VERSION, "dense": list(DENSE), "known_bytes": len(table)}).encode()
+        head = json.dumps({**meta, "version": VERSION, "dense": list(DENSE), "ngrams": list(NGRAMS),
+                           "known_bytes": len(table)}).encode()
         path.write_bytes(head + b"\n" + table + flat.tobytes())
 
     # ---- inference ------------------------------------------------------------------------

@@ -84,18 +84,21 @@ def soft_labels(items: list[dict], data: Path) -> dict[str, dict[str, float]]:
     return soft
 
 
-def vocabulary(items: list[dict]) -> set[str]:
-    """The keys that occur in at least MIN_COUNT of these requests: the model's known keys."""
+def vocabulary(items: list[dict]) -> dict[str, int]:
+    """The keys that occur in at least MIN_COUNT of these requests (the model's known keys),
+    commonest first, with their counts. The model file keeps that order, so the gateway's
+    table holds the keys most requests look up side by side in memory (fewer cache misses)."""
     seen: Counter = Counter()
     for item in items:
         seen.update(keyed_features(routing_input(item))[0])
-    return {key for key, count in seen.items() if count >= MIN_COUNT}
+    common = sorted((key for key, count in seen.items() if count >= MIN_COUNT), key=lambda key: (-seen[key], key))
+    return {key: seen[key] for key in common}
 
 
 class Matrix:
     """The feature rows of a split, in the shapes numpy needs (only known keys count)."""
 
-    def __init__(self, np, items: list[dict], known: set[str], soft: dict | None = None):
+    def __init__(self, np, items: list[dict], known: dict[str, int], soft: dict | None = None):
         rows, slots, values, dense = [], [], [], []
         for r, item in enumerate(items):
             keys, w, d = keyed_features(routing_input(item))

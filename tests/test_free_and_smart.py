@@ -177,7 +177,7 @@ async def test_smart_llm_too_slow_falls_back_to_the_local_classifier(start_gatew
     cfg["models"]["chat"][-1]["provider"] = "slow"
     gw = await start_gateway(cfg)
     key, _ = await gw.key(1)
-    prompt = "Prove that the square root of 7 is irrational, step by step."
+    prompt = "Prove that every group of order p^2 is abelian, with each step justified."
     r = await gw.openai(key).chat.completions.create(model="svc/smart", messages=[{"role": "user", "content": prompt}])
     billing = r.model_extra["billing"]
     assert billing["classifier"] == "local" and billing["difficulty"] in ("hard", "frontier")
