@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Literal
 
+from orjson import JSONDecodeError, loads
+
 from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
@@ -218,12 +220,28 @@ class ChunkParser(StreamParser):
         self.usage: Usage | None = None
         self.ordinal: dict[int, int] = {}      # upstream tool index -> our ordinal
         self.ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
+        # A text chunk's bytes around its content string, once a chunk showed them (see _learn):
+        # a chunk with the same bytes around its string means only that text, so only the string
+        # is parsed. The template is tried on a few text chunks at most.
+        self.head: bytes | None = None
+        self.tail = b""
+        self.tries = 3
 
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         out: list[StreamEvent] = []
         append = out.append
         try:
+            head, tail = self.head, self.tail
             for _, data in events:
+                if head is not None and data.startswith(head) and data.endswith(tail):
+                    try:
+                        text = loads(data[len(head):len(data) - len(tail)])
+                    except JSONDecodeError:
+                        text = None         # not one string there: the whole chunk is parsed below
+                    if text.__class__ is str:
+                        if text:
+                            append(TextDelta(text))
+                        continue
                 if data[:1] != b"{" and data.strip() == b"[DONE]":
                     self.ended = True
                     append(self._end())
@@ -248,9 +266,53 @@ class ChunkParser(StreamParser):
                         out.extend(OpenAIProvider._tool_delta(tc, self.ordinal, self.ids))
                     if choice.get("finish_reason"):
                         self.finish = choice["finish_reason"]
+                if head is None and self.tries and TextDelta is (out[-1].__class__ if out else None):
+                    self._learn(data, chunk)
+                    head, tail = self.head, self.tail
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
+
+    def _learn(self, data: bytes, chunk: dict) -> None:
+        """Keep the bytes around this chunk's content string as the text template when the
+        chunk means nothing but that text: one choice, whose delta is only the content, no
+        finish reason, no usage (so a chunk with other text there changes nothing else). The
+        place is checked by parsing the template around another string."""
+        self.tries -= 1
+        choices = chunk.get("choices")
+        if (chunk.get("usage") or "error" in chunk or choices.__class__ is not list or len(choices) != 1
+                or choices[0].__class__ is not dict or choices[0].get("finish_reason")):
+            return
+        delta = choices[0].get("delta")
+        if delta.__class__ is not dict or len(delta) != 1:
+            return
+        start = data.find(b'"content":')
+        if start < 0:
+            return
+        start += 10
+        while data[start:start + 1] in (b" ", b"\t", b"\n", b"\r"):
+            start += 1
+        if data[start:start + 1] != b'"':
+            return
+        end = start + 1
+        while True:                 # the closing quote: one not escaped by a backslash
+            end = data.find(b'"', end)
+            if end < 0:
+                return
+            slashes = 0
+            while data[end - 1 - slashes] == 92:
+                slashes += 1
+            if slashes % 2 == 0:
+                break
+            end += 1
+        head, tail = data[:start], data[end + 1:]
+        try:
+            probe = loads(head + b'"\\u0001"' + tail)
+        except JSONDecodeError:
+            return
+        delta["content"] = "\x01"
+        if probe == chunk:
+            self.head, self.tail = head, tail
 
     def end(self) -> tuple[list[StreamEvent], BaseException | None]:
         if self.finish is None:

@@ -209,3 +209,77 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         except Exception as exc:
             error2 = describe(exc)
         assert got2 == want and error2 == want_error
+
+
+def random_text(rng: random.Random) -> str:
+    alphabet = ["a", " ", "é", "🙂", "\u2028", '"', "\\", "/", "\n", "\t", "\x00", "\x1f", "\x7f", "{", "}", ",",
+                '":', "\\u0001", "content"]
+    return "".join(rng.choice(alphabet) for _ in range(rng.choice([0, 0, 1, 2, 5, 12])))
+
+
+def envelope_chunk(rng: random.Random, style: int, text: str) -> bytes:
+    """A text chunk in one of several upstream spellings of the same envelope."""
+    import json
+    body: dict = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    if style == 1:          # spaces after separators, non-ASCII as \u escapes
+        return json.dumps(body).encode()
+    if style == 2:          # the envelope's own strings look like the content key
+        body["id"] = 'x"content":"y'
+        body["system_fingerprint"] = '\\"content": '
+    if style == 3:          # the content before other delta keys (then not a template: two keys)
+        body["choices"][0]["delta"] = {"content": text, "role": "assistant"}
+    if style == 4:          # usage on every chunk (never a template)
+        body["usage"] = {"prompt_tokens": 1, "completion_tokens": 1}
+    if style == 5:          # extra fields after the choices, logprobs in the choice
+        body["choices"][0]["logprobs"] = None
+        body["obfuscation"] = "abc"
+    if style == 6:          # another "content" key before the delta's: the template's place is checked
+        body = {"meta": {"content": "z"}, **body}
+    return orjson.dumps(body)
+
+
+def odd_chunk(head: bytes, tail: bytes, rng: random.Random) -> bytes:
+    """The template's bytes around something that is not one string."""
+    return head + rng.choice([b'"a","reasoning_content":"r"', b'null', b'"a"   ', b'1', b'"unterminated', b'""',
+                              b'"a","x":"b"}],"usage":{"prompt_tokens":1},"y":[{"z":"w"']) + tail
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(seed):
+    """Only a text chunk's string is parsed once a chunk showed the bytes around it; the events
+    (text, empty deltas, escapes, control characters, lookalike keys) are those of the full parse."""
+    from providers.openai import ChunkParser
+    rng = random.Random(seed)
+    for style in range(7):
+        datas = [orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "finish_reason": None}]})]
+        texts = [random_text(rng) for _ in range(rng.randint(1, 30))]
+        datas += [envelope_chunk(rng, style, text) for text in texts]
+        parser, learned = ChunkParser("up"), None
+        got = []
+        for data in datas:
+            events, error = parser.feed([("", data)])
+            assert error is None
+            got += events
+            if parser.head is not None and learned is None:
+                learned = (parser.head, parser.tail)
+        if learned:             # now something else between the same bytes: parsed whole, as before
+            for _ in range(5):
+                data = odd_chunk(*learned, rng)
+                datas.append(data)
+                events, error = parser.feed([("", data)])
+                got += events
+                if error is not None:
+                    got.append(describe(error))
+                    break
+        want, want_error = reference("up", datas, eof=False)
+        if want_error is None:
+            assert got == want
+        else:
+            assert got[:-1] == want and got[-1] == want_error
+        if style in (0, 1, 2, 5) and any(texts):
+            assert learned is not None, "the text template is learned from a plain text chunk"
+        if style in (3, 4):
+            assert learned is None
