@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Literal
 
-from orjson import JSONDecodeError, loads
+from orjson import JSONDecodeError, dumps, loads
 
 from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
-    ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
+    ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, TextRun, ToolCall,
     ToolCallDelta, ToolCallStart, ToolResult, Usage,
 )
 
@@ -178,7 +178,11 @@ class OpenAIProvider(HTTPProvider):
         async for event in events:
             out, error = parser.feed((event,))
             for ev in out:
-                yield ev
+                if ev.__class__ is TextRun:     # one event each, as this interface promises
+                    for text in ev.texts:
+                        yield TextDelta(text)
+                else:
+                    yield ev
             if error is not None:
                 raise error
             if parser.ended:
@@ -222,7 +226,8 @@ class ChunkParser(StreamParser):
         self.ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
         # A text chunk's bytes around its content string, once a chunk showed them (see _learn):
         # a chunk with the same bytes around its string means only that text, so only the string
-        # is parsed. The template is tried on a few text chunks at most.
+        # is parsed, those of a read's chunks in a row together (see _run). The template is tried
+        # on a few text chunks at most.
         self.head: bytes | None = None
         self.tail = b""
         self.tries = 3
@@ -230,18 +235,16 @@ class ChunkParser(StreamParser):
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         out: list[StreamEvent] = []
         append = out.append
+        run: list[bytes] = []       # the template's chunks in a row
         try:
             head, tail = self.head, self.tail
             for _, data in events:
                 if head is not None and data.startswith(head) and data.endswith(tail):
-                    try:
-                        text = loads(data[len(head):len(data) - len(tail)])
-                    except JSONDecodeError:
-                        text = None         # not one string there: the whole chunk is parsed below
-                    if text.__class__ is str:
-                        if text:
-                            append(TextDelta(text))
-                        continue
+                    run.append(data)
+                    continue
+                if run:
+                    self._run(run, out)
+                    run = []
                 if data[:1] != b"{" and data.strip() == b"[DONE]":
                     self.ended = True
                     append(self._end())
@@ -269,9 +272,43 @@ class ChunkParser(StreamParser):
                 if head is None and self.tries and TextDelta is (out[-1].__class__ if out else None):
                     self._learn(data, chunk)
                     head, tail = self.head, self.tail
+            if run:
+                self._run(run, out)
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
+
+    def _run(self, run: list[bytes], out: list[StreamEvent]) -> None:
+        """Template chunks in a row: their strings parsed in one go as the items of one array.
+        When each chunk holds one string (the array has one string per chunk), they are a
+        TextRun; else the chunks are parsed whole, one by one, as any other."""
+        start, end = len(self.head), -len(self.tail)
+        strings = [data[start:end] for data in run]
+        array = b"[" + b",".join(strings) + b"]"
+        try:
+            texts = loads(array)
+        except JSONDecodeError:
+            texts = None
+        if texts is None or len(texts) != len(run) or not all(t.__class__ is str for t in texts):
+            template, self.head, tries, self.tries = self.head, None, self.tries, 0
+            try:
+                events, error = self.feed([("", data) for data in run])
+            finally:
+                self.head, self.tries = template, tries
+            out.extend(events)
+            if error is not None:
+                raise error
+            return
+        if dumps(texts) == array:       # each string as orjson writes it: the upstream's bytes
+            encoded = strings
+        else:
+            encoded = [dumps(t) for t in texts]
+        if "" in texts:                 # an empty delta is no event
+            encoded = [e for t, e in zip(texts, encoded) if t]
+            texts = [t for t in texts if t]
+            if not texts:
+                return
+        out.append(TextRun(texts, encoded))
 
     def _learn(self, data: bytes, chunk: dict) -> None:
         """Keep the bytes around this chunk's content string as the text template when the

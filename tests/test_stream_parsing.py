@@ -12,7 +12,7 @@ from providers import base
 from providers.base import SSEReader, UpstreamError
 from providers.openai import FINISH_TO_STOP, OpenAIProvider
 from providers.types import (
-    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, ToolCallDelta,
+    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, TextRun, ToolCallDelta,
     ToolCallStart,
 )
 
@@ -54,6 +54,19 @@ def reference(name: str, datas: list[bytes], eof: bool):
     except Exception as exc:
         return out, describe(exc)
     return out, None
+
+
+def deltas(events: list) -> list:
+    """The events with each TextRun as the TextDelta of each of its texts, which is what it means;
+    its encodings are checked to be orjson's."""
+    out = []
+    for ev in events:
+        if isinstance(ev, TextRun):
+            assert ev.texts and all(ev.texts) and ev.encoded == [orjson.dumps(t) for t in ev.texts]
+            out += [TextDelta(t) for t in ev.texts]
+        else:
+            out.append(ev)
+    return out
 
 
 def describe(exc: Exception) -> str:
@@ -184,7 +197,7 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         try:
             async for item in provider.stream(REQ, type("M", (), {"upstream": "m"})()):
                 assert isinstance(item, list) and item      # a read's events, written together
-                got.extend(item)
+                got.extend(deltas(item))
                 if not isinstance(item[-1], StreamEnd):     # what arrived so far is out, none held back
                     so_far, _ = reference("up", complete_datas(content.got), eof=False)
                     assert got == so_far
@@ -262,7 +275,7 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
         for data in datas:
             events, error = parser.feed([("", data)])
             assert error is None
-            got += events
+            got += deltas(events)
             if parser.head is not None and learned is None:
                 learned = (parser.head, parser.tail)
         if learned:             # now something else between the same bytes: parsed whole, as before
@@ -270,7 +283,7 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
                 data = odd_chunk(*learned, rng)
                 datas.append(data)
                 events, error = parser.feed([("", data)])
-                got += events
+                got += deltas(events)
                 if error is not None:
                     got.append(describe(error))
                     break
@@ -283,3 +296,39 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
             assert learned is not None, "the text template is learned from a plain text chunk"
         if style in (3, 4):
             assert learned is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_text_run_is_written_as_its_text_deltas_would_be(seed):
+    """Each client format writes a TextRun as the same bytes as a TextDelta of each of its texts,
+    around reasoning that closes the text item, over random text (unicode, quotes, backslashes,
+    control characters)."""
+    from plugins.formats.chat_completions import ChunkWriter
+    from plugins.formats.messages import EventWriter
+    from plugins.formats.responses import ResponseEventWriter
+
+    class Ctx:
+        call_id, billing, chat = "c1", {}, REQ
+
+        class route:
+            class model:
+                id = "m"
+
+            class provider:
+                @staticmethod
+                def same_format(req):
+                    return False
+
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(rng.randint(1, 8)):
+        if rng.random() < 0.2:
+            runs.append(ReasoningDelta(text="think"))
+        else:
+            texts = [t for t in (random_text(rng) for _ in range(rng.randint(1, 6))) if t] or ["x"]
+            runs.append(TextRun(texts, [orjson.dumps(t) for t in texts]))
+    for make in (ChunkWriter, ResponseEventWriter, EventWriter):
+        fast, slow = make(Ctx()), make(Ctx())
+        got = b"".join(fast.texts(ev) if isinstance(ev, TextRun) else fast.event(ev) for ev in runs)
+        want = b"".join(slow.event(ev) for ev in deltas(runs))
+        assert got == want, make.__name__
