@@ -332,3 +332,33 @@ def test_a_text_run_is_written_as_its_text_deltas_would_be(seed):
         got = b"".join(fast.texts(ev) if isinstance(ev, TextRun) else fast.event(ev) for ev in runs)
         want = b"".join(slow.event(ev) for ev in deltas(runs))
         assert got == want, make.__name__
+
+
+def test_a_read_of_one_line_events_is_split_as_event_by_event():
+    """The one-go split of a read whose events are single `data: ` lines queues what the
+    block-by-block split does, for any bytes (other fields, comments, CRLF, blank lines)."""
+    class Nothing:
+        def iter_any(self):
+            return self
+
+        def __aiter__(self):
+            return self
+
+    def by_block(buffer: bytes):
+        events = []
+        blocks = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        rest = blocks.pop()
+        for block in blocks:
+            if (event := base._parse_block(block)) is not None:
+                events.append(event)
+        return events, rest
+
+    rng = random.Random(7)
+    pieces = [b"data: ", b"x", b"\n", b"\n\n", b"data:", b"event: e\n", b": c\n", b"{}", b"\r\n", b" ", b"[DONE]",
+              b"\n\ndata: "]
+    for _ in range(20000):
+        buffer = (b"data: " if rng.random() < 0.7 else b"") + b"".join(rng.choice(pieces)
+                                                                        for _ in range(rng.randint(0, 12)))
+        reader = SSEReader(Nothing(), "up")
+        rest = reader._split(buffer)
+        assert (list(reader.events), rest) == by_block(buffer), buffer
