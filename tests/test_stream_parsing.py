@@ -252,9 +252,23 @@ def envelope_chunk(rng: random.Random, style: int, text: str) -> bytes:
     return orjson.dumps(body)
 
 
+OTHER = orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "delta": {"reasoning_content": "r"}, "finish_reason": None}]})
+
+
+def reads(datas: list[bytes], rng: random.Random) -> list[list[bytes]]:
+    """The events cut into network reads of random sizes."""
+    out, i = [], 0
+    while i < len(datas):
+        n = rng.choice([1, 1, 2, 5, 40])
+        out.append(datas[i:i + n])
+        i += n
+    return out
+
+
 def odd_chunk(head: bytes, tail: bytes, rng: random.Random) -> bytes:
     """The template's bytes around something that is not one string."""
-    return head + rng.choice([b'"a","reasoning_content":"r"', b'null', b'"a"   ', b'1', b'"unterminated', b'""',
+    return head + rng.choice([b'"a","reasoning_content":"r"', b'null', b'"a\x00b"', b'"a\\u0000b"', b'"a"   ', b'1', b'"unterminated', b'""',
                               b'"a","x":"b"}],"usage":{"prompt_tokens":1},"y":[{"z":"w"']) + tail
 
 
@@ -272,17 +286,18 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
         datas += [envelope_chunk(rng, style, text) for text in texts]
         parser, learned = ChunkParser("up"), None
         got = []
-        for data in datas:
-            events, error = parser.feed([("", data)])
+        for read in reads(datas, rng):
+            events, error = parser.feed([("", data) for data in read])
             assert error is None
             got += deltas(events)
             if parser.head is not None and learned is None:
                 learned = (parser.head, parser.tail)
-        if learned:             # now something else between the same bytes: parsed whole, as before
-            for _ in range(5):
-                data = odd_chunk(*learned, rng)
-                datas.append(data)
-                events, error = parser.feed([("", data)])
+        if learned:             # now something else between the same bytes, among text chunks: parsed whole
+            more = [rng.choice([odd_chunk(*learned, rng), OTHER]) if rng.random() < 0.3
+                    else envelope_chunk(rng, style, random_text(rng)) for _ in range(rng.randint(1, 12))]
+            datas += more
+            for read in reads(more, rng):
+                events, error = parser.feed([("", data) for data in read])
                 got += deltas(events)
                 if error is not None:
                     got.append(describe(error))
