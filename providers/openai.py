@@ -230,7 +230,7 @@ class ChunkParser(StreamParser):
         # on a few text chunks at most.
         self.head: bytes | None = None
         self.tail = b""
-        self.tries = 3
+        self.tries = self.misses = 3
 
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         out: list[StreamEvent] = []
@@ -239,9 +239,14 @@ class ChunkParser(StreamParser):
         try:
             head, tail = self.head, self.tail
             for _, data in events:
-                if head is not None and data.startswith(head) and data.endswith(tail):
-                    run.append(data)
-                    continue
+                if head is not None and data.startswith(head):
+                    if data.endswith(tail):
+                        run.append(data)
+                        continue
+                    self.misses -= 1        # text chunks whose tails differ (a field that changes
+                    if not self.misses:     # every chunk, such as OpenAI's `obfuscation`): no template
+                        self.head = head = None
+                        self.tries = 0
                 if run:
                     self._run(run, out)
                     run = []
