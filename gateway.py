@@ -35,7 +35,7 @@ from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
 from providers.base import UpstreamError
 from providers.types import (
-    Flush, ReasoningDelta, StreamEnd, TextDelta, ToolCallDelta, Usage, estimate_tokens, measure_input,
+    Flush, ReasoningDelta, StreamEnd, TextDelta, TextRun, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )
 
 log = structlog.get_logger("gateway")
@@ -208,7 +208,13 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
     try:
         while True:
             for ev in item if item.__class__ is list else (item,):   # a list: what one read brought
-                if ev.__class__ is TextDelta:       # most events: checked first, by class alone
+                if ev.__class__ is TextRun:         # most text: checked first, by class alone
+                    ctx.output_chars += sum(map(len, ev.texts))
+                    pending.append(writer.texts(ev))
+                    if not gather:
+                        await send()
+                    continue
+                if ev.__class__ is TextDelta:
                     ctx.output_chars += len(ev.text)
                 elif isinstance(ev, Flush):         # what the read brought is all here
                     if pending:

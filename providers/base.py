@@ -369,6 +369,12 @@ class SSEReader:
         """Queue the complete events in `buffer`; -> what is left of an incomplete one."""
         if _CR in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
+        elif buffer[:6] == b"data: ":      # most reads: events of one data line each, split in one go
+            end = buffer.rfind(b"\n\n")
+            datas = buffer[6:end].split(b"\n\ndata: ")
+            if end > 0 and buffer.count(_LF, 0, end) == 2 * len(datas) - 2:    # no other line in them
+                self.events.extend([("", data) for data in datas])
+                return buffer[end + 2:]
         blocks = buffer.split(b"\n\n")
         rest = blocks.pop()
         append = self.events.append

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Literal
 
+from orjson import JSONDecodeError, dumps, loads
+
 from .base import HTTPProvider, HTTPSettings, StreamParser, UpstreamError, loads_event
 from .types import (
     CONTENT_FILTER, END, MAX_TOKENS, TOOL_USE, ChatRequest, ChatResponse, ImagePart, Message,
-    ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, ToolCall,
+    ReasoningDelta, ReasoningPart, StreamEnd, StreamEvent, StreamStart, TextDelta, TextPart, TextRun, ToolCall,
     ToolCallDelta, ToolCallStart, ToolResult, Usage,
 )
 
@@ -176,7 +178,11 @@ class OpenAIProvider(HTTPProvider):
         async for event in events:
             out, error = parser.feed((event,))
             for ev in out:
-                yield ev
+                if ev.__class__ is TextRun:     # one event each, as this interface promises
+                    for text in ev.texts:
+                        yield TextDelta(text)
+                else:
+                    yield ev
             if error is not None:
                 raise error
             if parser.ended:
@@ -218,12 +224,32 @@ class ChunkParser(StreamParser):
         self.usage: Usage | None = None
         self.ordinal: dict[int, int] = {}      # upstream tool index -> our ordinal
         self.ids: dict[int, str] = {}          # upstream tool index -> id of the call open there
+        # A text chunk's bytes around its content string, once a chunk showed them (see _learn):
+        # a chunk with the same bytes around its string means only that text, so only the string
+        # is parsed, those of a read's chunks in a row together (see _run). The template is tried
+        # on a few text chunks at most.
+        self.head: bytes | None = None
+        self.tail = b""
+        self.tries = self.misses = 3
 
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         out: list[StreamEvent] = []
         append = out.append
+        run: list[bytes] = []       # the template's chunks in a row
         try:
+            head, tail = self.head, self.tail
             for _, data in events:
+                if head is not None and data.startswith(head):
+                    if data.endswith(tail):
+                        run.append(data)
+                        continue
+                    self.misses -= 1        # text chunks whose tails differ (a field that changes
+                    if not self.misses:     # every chunk, such as OpenAI's `obfuscation`): no template
+                        self.head = head = None
+                        self.tries = 0
+                if run:
+                    self._run(run, out)
+                    run = []
                 if data[:1] != b"{" and data.strip() == b"[DONE]":
                     self.ended = True
                     append(self._end())
@@ -248,9 +274,87 @@ class ChunkParser(StreamParser):
                         out.extend(OpenAIProvider._tool_delta(tc, self.ordinal, self.ids))
                     if choice.get("finish_reason"):
                         self.finish = choice["finish_reason"]
+                if head is None and self.tries and TextDelta is (out[-1].__class__ if out else None):
+                    self._learn(data, chunk)
+                    head, tail = self.head, self.tail
+            if run:
+                self._run(run, out)
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
+
+    def _run(self, run: list[bytes], out: list[StreamEvent]) -> None:
+        """Template chunks in a row: their strings parsed in one go as the items of one array.
+        When each chunk holds one string (the array has one string per chunk), they are a
+        TextRun; else the chunks are parsed whole, one by one, as any other."""
+        start, end = len(self.head), -len(self.tail)
+        strings = [data[start:end] for data in run]
+        array = b"[" + b",".join(strings) + b"]"
+        try:
+            texts = loads(array)
+        except JSONDecodeError:
+            texts = None
+        if texts is None or len(texts) != len(run) or not all(t.__class__ is str for t in texts):
+            template, self.head, tries, self.tries = self.head, None, self.tries, 0
+            try:
+                events, error = self.feed([("", data) for data in run])
+            finally:
+                self.head, self.tries = template, tries
+            out.extend(events)
+            if error is not None:
+                raise error
+            return
+        if dumps(texts) == array:       # each string as orjson writes it: the upstream's bytes
+            encoded = strings
+        else:
+            encoded = [dumps(t) for t in texts]
+        if "" in texts:                 # an empty delta is no event
+            encoded = [e for t, e in zip(texts, encoded) if t]
+            texts = [t for t in texts if t]
+            if not texts:
+                return
+        out.append(TextRun(texts, encoded))
+
+    def _learn(self, data: bytes, chunk: dict) -> None:
+        """Keep the bytes around this chunk's content string as the text template when the
+        chunk means nothing but that text: one choice, whose delta is only the content, no
+        finish reason, no usage (so a chunk with other text there changes nothing else). The
+        place is checked by parsing the template around another string."""
+        self.tries -= 1
+        choices = chunk.get("choices")
+        if (chunk.get("usage") or "error" in chunk or choices.__class__ is not list or len(choices) != 1
+                or choices[0].__class__ is not dict or choices[0].get("finish_reason")):
+            return
+        delta = choices[0].get("delta")
+        if delta.__class__ is not dict or len(delta) != 1:
+            return
+        start = data.find(b'"content":')
+        if start < 0:
+            return
+        start += 10
+        while data[start:start + 1] in (b" ", b"\t", b"\n", b"\r"):
+            start += 1
+        if data[start:start + 1] != b'"':
+            return
+        end = start + 1
+        while True:                 # the closing quote: one not escaped by a backslash
+            end = data.find(b'"', end)
+            if end < 0:
+                return
+            slashes = 0
+            while data[end - 1 - slashes] == 92:
+                slashes += 1
+            if slashes % 2 == 0:
+                break
+            end += 1
+        head, tail = data[:start], data[end + 1:]
+        try:
+            probe = loads(head + b'"\\u0001"' + tail)
+        except JSONDecodeError:
+            return
+        delta["content"] = "\x01"
+        if probe == chunk:
+            self.head, self.tail = head, tail
 
     def end(self) -> tuple[list[StreamEvent], BaseException | None]:
         if self.finish is None:

@@ -185,6 +185,15 @@ class TextDelta:
 
 
 @dataclass(slots=True)
+class TextRun:
+    """Text deltas that arrived together, one per upstream chunk, none empty: what a
+    TextDelta of each text would be, without an object per chunk. `encoded` has each
+    text as orjson writes it (the JSON string, quotes included)."""
+    texts: list[str]
+    encoded: list[bytes]
+
+
+@dataclass(slots=True)
 class ReasoningDelta:
     text: str = ""
     signature: str | None = None
@@ -228,7 +237,7 @@ class Flush:
 
 FLUSH = Flush()
 
-StreamEvent = Union[StreamStart, TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd, RawFrame, Flush]
+StreamEvent = Union[StreamStart, TextDelta, TextRun, ReasoningDelta, ToolCallStart, ToolCallDelta, StreamEnd, RawFrame, Flush]
 
 
 def estimate_tokens(chars: int) -> int:

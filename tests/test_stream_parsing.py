@@ -12,7 +12,7 @@ from providers import base
 from providers.base import SSEReader, UpstreamError
 from providers.openai import FINISH_TO_STOP, OpenAIProvider
 from providers.types import (
-    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, ToolCallDelta,
+    END, ChatRequest, Message, ReasoningDelta, StreamEnd, StreamStart, TextDelta, TextPart, TextRun, ToolCallDelta,
     ToolCallStart,
 )
 
@@ -54,6 +54,19 @@ def reference(name: str, datas: list[bytes], eof: bool):
     except Exception as exc:
         return out, describe(exc)
     return out, None
+
+
+def deltas(events: list) -> list:
+    """The events with each TextRun as the TextDelta of each of its texts, which is what it means;
+    its encodings are checked to be orjson's."""
+    out = []
+    for ev in events:
+        if isinstance(ev, TextRun):
+            assert ev.texts and all(ev.texts) and ev.encoded == [orjson.dumps(t) for t in ev.texts]
+            out += [TextDelta(t) for t in ev.texts]
+        else:
+            out.append(ev)
+    return out
 
 
 def describe(exc: Exception) -> str:
@@ -184,7 +197,7 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         try:
             async for item in provider.stream(REQ, type("M", (), {"upstream": "m"})()):
                 assert isinstance(item, list) and item      # a read's events, written together
-                got.extend(item)
+                got.extend(deltas(item))
                 if not isinstance(item[-1], StreamEnd):     # what arrived so far is out, none held back
                     so_far, _ = reference("up", complete_datas(content.got), eof=False)
                     assert got == so_far
@@ -209,3 +222,163 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         except Exception as exc:
             error2 = describe(exc)
         assert got2 == want and error2 == want_error
+
+
+def random_text(rng: random.Random) -> str:
+    alphabet = ["a", " ", "é", "🙂", "\u2028", '"', "\\", "/", "\n", "\t", "\x00", "\x1f", "\x7f", "{", "}", ",",
+                '":', "\\u0001", "content"]
+    return "".join(rng.choice(alphabet) for _ in range(rng.choice([0, 0, 1, 2, 5, 12])))
+
+
+def envelope_chunk(rng: random.Random, style: int, text: str) -> bytes:
+    """A text chunk in one of several upstream spellings of the same envelope."""
+    import json
+    body: dict = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    if style == 1:          # spaces after separators, non-ASCII as \u escapes
+        return json.dumps(body).encode()
+    if style == 2:          # the envelope's own strings look like the content key
+        body["id"] = 'x"content":"y'
+        body["system_fingerprint"] = '\\"content": '
+    if style == 3:          # the content before other delta keys (then not a template: two keys)
+        body["choices"][0]["delta"] = {"content": text, "role": "assistant"}
+    if style == 4:          # usage on every chunk (never a template)
+        body["usage"] = {"prompt_tokens": 1, "completion_tokens": 1}
+    if style == 5:          # extra fields after the choices, logprobs in the choice
+        body["choices"][0]["logprobs"] = None
+        body["obfuscation"] = "abc"
+    if style == 6:          # another "content" key before the delta's: the template's place is checked
+        body = {"meta": {"content": "z"}, **body}
+    if style == 7:          # a field that changes every chunk after the text: the template never fits
+        body["obfuscation"] = "".join(rng.choice("abcXYZ019") for _ in range(rng.randint(8, 12)))
+    return orjson.dumps(body)
+
+
+OTHER = orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "delta": {"reasoning_content": "r"}, "finish_reason": None}]})
+
+
+def reads(datas: list[bytes], rng: random.Random) -> list[list[bytes]]:
+    """The events cut into network reads of random sizes."""
+    out, i = [], 0
+    while i < len(datas):
+        n = rng.choice([1, 1, 2, 5, 40])
+        out.append(datas[i:i + n])
+        i += n
+    return out
+
+
+def odd_chunk(head: bytes, tail: bytes, rng: random.Random) -> bytes:
+    """The template's bytes around something that is not one string."""
+    return head + rng.choice([b'"a","reasoning_content":"r"', b'null', b'"a\x00b"', b'"a\\u0000b"', b'"a"   ', b'1', b'"unterminated', b'""',
+                              b'"a","x":"b"}],"usage":{"prompt_tokens":1},"y":[{"z":"w"']) + tail
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(seed):
+    """Only a text chunk's string is parsed once a chunk showed the bytes around it; the events
+    (text, empty deltas, escapes, control characters, lookalike keys) are those of the full parse."""
+    from providers.openai import ChunkParser
+    rng = random.Random(seed)
+    for style in range(8):
+        datas = [orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "finish_reason": None}]})]
+        texts = [random_text(rng) for _ in range(rng.randint(1, 30))]
+        datas += [envelope_chunk(rng, style, text) for text in texts]
+        parser, learned = ChunkParser("up"), None
+        got = []
+        for read in reads(datas, rng):
+            events, error = parser.feed([("", data) for data in read])
+            assert error is None
+            got += deltas(events)
+            if parser.head is not None and learned is None:
+                learned = (parser.head, parser.tail)
+        if learned:             # now something else between the same bytes, among text chunks: parsed whole
+            more = [rng.choice([odd_chunk(*learned, rng), OTHER]) if rng.random() < 0.3
+                    else envelope_chunk(rng, style, random_text(rng)) for _ in range(rng.randint(1, 12))]
+            datas += more
+            for read in reads(more, rng):
+                events, error = parser.feed([("", data) for data in read])
+                got += deltas(events)
+                if error is not None:
+                    got.append(describe(error))
+                    break
+        want, want_error = reference("up", datas, eof=False)
+        if want_error is None:
+            assert got == want
+        else:
+            assert got[:-1] == want and got[-1] == want_error
+        if style in (0, 1, 2, 5) and any(texts):
+            assert learned is not None, "the text template is learned from a plain text chunk"
+        if style in (3, 4):
+            assert learned is None
+        first = next((i for i, text in enumerate(texts) if text), len(texts))
+        if style == 7 and len(texts) - first > 3:       # learned, then dropped for good
+            assert parser.head is None and parser.tries == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_text_run_is_written_as_its_text_deltas_would_be(seed):
+    """Each client format writes a TextRun as the same bytes as a TextDelta of each of its texts,
+    around reasoning that closes the text item, over random text (unicode, quotes, backslashes,
+    control characters)."""
+    from plugins.formats.chat_completions import ChunkWriter
+    from plugins.formats.messages import EventWriter
+    from plugins.formats.responses import ResponseEventWriter
+
+    class Ctx:
+        call_id, billing, chat = "c1", {}, REQ
+
+        class route:
+            class model:
+                id = "m"
+
+            class provider:
+                @staticmethod
+                def same_format(req):
+                    return False
+
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(rng.randint(1, 8)):
+        if rng.random() < 0.2:
+            runs.append(ReasoningDelta(text="think"))
+        else:
+            texts = [t for t in (random_text(rng) for _ in range(rng.randint(1, 6))) if t] or ["x"]
+            runs.append(TextRun(texts, [orjson.dumps(t) for t in texts]))
+    for make in (ChunkWriter, ResponseEventWriter, EventWriter):
+        fast, slow = make(Ctx()), make(Ctx())
+        got = b"".join(fast.texts(ev) if isinstance(ev, TextRun) else fast.event(ev) for ev in runs)
+        want = b"".join(slow.event(ev) for ev in deltas(runs))
+        assert got == want, make.__name__
+
+
+def test_a_read_of_one_line_events_is_split_as_event_by_event():
+    """The one-go split of a read whose events are single `data: ` lines queues what the
+    block-by-block split does, for any bytes (other fields, comments, CRLF, blank lines)."""
+    class Nothing:
+        def iter_any(self):
+            return self
+
+        def __aiter__(self):
+            return self
+
+    def by_block(buffer: bytes):
+        events = []
+        blocks = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        rest = blocks.pop()
+        for block in blocks:
+            if (event := base._parse_block(block)) is not None:
+                events.append(event)
+        return events, rest
+
+    rng = random.Random(7)
+    pieces = [b"data: ", b"x", b"\n", b"\n\n", b"data:", b"event: e\n", b": c\n", b"{}", b"\r\n", b" ", b"[DONE]",
+              b"\n\ndata: "]
+    for _ in range(20000):
+        buffer = (b"data: " if rng.random() < 0.7 else b"") + b"".join(rng.choice(pieces)
+                                                                        for _ in range(rng.randint(0, 12)))
+        reader = SSEReader(Nothing(), "up")
+        rest = reader._split(buffer)
+        assert (list(reader.events), rest) == by_block(buffer), buffer

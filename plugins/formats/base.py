@@ -12,7 +12,9 @@ from plugins.appstate import CONFIG
 from plugins.context import CallContext
 from plugins.errors import GatewayError, bad_request
 from plugins.netguard import check_url, check_url_resolved
-from providers.types import ChatRequest, ChatResponse, ImagePart, StreamEvent, ToolChoice, ToolResult
+from providers.types import (
+    ChatRequest, ChatResponse, ImagePart, StreamEvent, TextDelta, TextRun, ToolChoice, ToolResult,
+)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -227,6 +229,10 @@ class StreamWriter:
 
     def event(self, ev: StreamEvent) -> bytes:
         raise NotImplementedError
+
+    def texts(self, run: TextRun) -> bytes:
+        """A TextRun: the bytes of a TextDelta of each of its texts (a writer may do it cheaper)."""
+        return b"".join([self.event(TextDelta(text)) for text in run.texts])
 
     def error(self, err: GatewayError) -> bytes:
         raise NotImplementedError

@@ -19,7 +19,7 @@ from plugins.context import CallContext
 from plugins.errors import GatewayError
 from providers.types import (
     CONTENT_FILTER, END, MAX_TOKENS, STOP_SEQUENCE, TOOL_USE, ChatRequest, ChatResponse,
-    Message, ReasoningDelta, ReasoningPart, StreamEnd, StreamStart, TextDelta, TextPart, Tool,
+    Message, ReasoningDelta, ReasoningPart, StreamEnd, StreamStart, TextDelta, TextPart, TextRun, Tool,
     ToolCall, ToolCallDelta, ToolCallStart, ToolChoice, ToolResult, Usage,
 )
 
@@ -229,10 +229,14 @@ class ChunkWriter(StreamWriter):
         self.head = {"id": f"chatcmpl-{ctx.call_id}", "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": ctx.route.model.id}
         self.prefix = b"data: " + orjson.dumps(self.head)[:-1] + b',"choices":[{"index":0,"delta":'
+        self.text_between = DELTA_END + self.prefix + b'{"content":'     # from one text to the next
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return b"".join((self.prefix, orjson.dumps(delta), b',"logprobs":null,"finish_reason":',
                          orjson.dumps(finish), b'}],"usage":null}\n\n'))
+
+    def texts(self, run: TextRun) -> bytes:
+        return b"".join((self.prefix, b'{"content":', self.text_between.join(run.encoded), DELTA_END))
 
     def event(self, ev) -> bytes:
         if isinstance(ev, TextDelta):

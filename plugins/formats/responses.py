@@ -19,8 +19,8 @@ from plugins.errors import GatewayError, bad_request
 from providers.openai_responses import usage_body
 from providers.types import (
     CONTENT_FILTER, MAX_TOKENS, ChatRequest, ChatResponse, Message, ReasoningDelta, ReasoningPart,
-    StreamEnd, StreamStart, TextDelta, TextPart, Tool, ToolCall, ToolCallDelta, ToolCallStart, ToolChoice,
-    ToolResult,
+    StreamEnd, StreamStart, TextDelta, TextPart, TextRun, Tool, ToolCall, ToolCallDelta, ToolCallStart,
+    ToolChoice, ToolResult,
 )
 
 from .base import ClientFormat, Fields, StreamWriter, client_image, named_tool, openai_error_body, parallel_flag
@@ -261,6 +261,7 @@ def response_object(ctx: CallContext, output: list, stop: str | None, usage: dic
 
 TEXT_DELTA = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
 TEXT_DELTA_END = b',"logprobs":[]}\n\n'
+TEXT_DELTA_BETWEEN = TEXT_DELTA_END + TEXT_DELTA
 
 
 class ResponseEventWriter(StreamWriter):
@@ -331,6 +332,17 @@ class ResponseEventWriter(StreamWriter):
             kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
             return out + self._ev(kind, response=response)
         return b""
+
+    def texts(self, run: TextRun) -> bytes:
+        out = self.event(TextDelta(run.texts[0]))       # opens the text item if none is open
+        rest = run.encoded[1:]
+        if not rest:
+            return out
+        self.text += run.texts[1:]
+        seq, self.seq = self.seq, self.seq + len(rest)
+        fields = self.text_fields
+        return out + TEXT_DELTA + TEXT_DELTA_BETWEEN.join(
+            [b"%d%b%b" % (n, fields, text) for n, text in zip(range(seq, self.seq), rest)]) + TEXT_DELTA_END
 
     def _reasoning(self, ev: ReasoningDelta) -> bytes:
         out = b""
