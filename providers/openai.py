@@ -230,26 +230,44 @@ class ChunkParser(StreamParser):
         # on a few text chunks at most.
         self.head: bytes | None = None
         self.tail = b""
+        # OpenAI ends each chunk with an `obfuscation` string of letters and digits that changes
+        # every time: then the tail is the bytes up to that string's opening quote, and `closing`
+        # what follows it (a value of other characters sends its chunk to the full parse).
+        self.closing: bytes | None = None
         self.tries = self.misses = 3
 
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         out: list[StreamEvent] = []
         append = out.append
         run: list[bytes] = []       # the template's chunks in a row
+        ends: list[int] = []        # where each one's string ends
         try:
-            head, tail = self.head, self.tail
+            head, tail, closing = self.head, self.tail, self.closing
             for _, data in events:
                 if head is not None and data.startswith(head):
-                    if data.endswith(tail):
-                        run.append(data)
-                        continue
+                    if closing is None:
+                        if data.endswith(tail):
+                            run.append(data)
+                            ends.append(len(data) - len(tail))
+                            continue
+                    elif data.endswith(closing):        # the tail, a letters-and-digits value, the closing bytes
+                        value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1    # after its opening quote
+                        end = value - len(tail)
+                        if (end >= len(head) and data[value:len(data) - len(closing)].isalnum()
+                                and data.startswith(tail, end)):
+                            run.append(data)
+                            ends.append(end)
+                            continue
                     self.misses -= 1        # text chunks whose tails differ (a field that changes
-                    if not self.misses:     # every chunk, such as OpenAI's `obfuscation`): no template
+                    if not self.misses:     # every chunk other than OpenAI's `obfuscation`): no template
+                        if run:             # (the chunks read by it so far go out first)
+                            self._run(run, ends, out)
+                            run, ends = [], []
                         self.head = head = None
                         self.tries = 0
                 if run:
-                    self._run(run, out)
-                    run = []
+                    self._run(run, ends, out)
+                    run, ends = [], []
                 if data[:1] != b"{" and data.strip() == b"[DONE]":
                     self.ended = True
                     append(self._end())
@@ -276,24 +294,35 @@ class ChunkParser(StreamParser):
                         self.finish = choice["finish_reason"]
                 if head is None and self.tries and TextDelta is (out[-1].__class__ if out else None):
                     self._learn(data, chunk)
-                    head, tail = self.head, self.tail
+                    head, tail, closing = self.head, self.tail, self.closing
             if run:
-                self._run(run, out)
+                self._run(run, ends, out)
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
 
-    def _run(self, run: list[bytes], out: list[StreamEvent]) -> None:
-        """Template chunks in a row: their strings parsed in one go as the items of one array.
-        When each chunk holds one string (the array has one string per chunk), they are a
-        TextRun; else the chunks are parsed whole, one by one, as any other."""
-        start, end = len(self.head), -len(self.tail)
-        strings = [data[start:end] for data in run]
-        array = b"[" + b",".join(strings) + b"]"
-        try:
-            texts = loads(array)
-        except JSONDecodeError:
+    def _run(self, run: list[bytes], ends: list[int], out: list[StreamEvent]) -> None:
+        """Template chunks in a row: their strings (from the head to `ends`) parsed in one go as
+        the items of one array. When each chunk holds one string (the array has one string per
+        chunk), they are a TextRun; else the chunks are parsed whole, one by one, as any other."""
+        start = len(self.head)
+        if len(run) == 1:           # a read of one chunk (a stream as it is generated): its string alone
+            try:
+                text = loads(run[0][start:ends[0]])
+            except JSONDecodeError:
+                text = None
+            if text.__class__ is str:
+                if text:
+                    out.append(TextDelta(text))
+                return
             texts = None
+        else:
+            strings = [data[start:end] for data, end in zip(run, ends)]
+            array = b"[" + b",".join(strings) + b"]"
+            try:
+                texts = loads(array)
+            except JSONDecodeError:
+                texts = None
         if texts is None or len(texts) != len(run) or not all(t.__class__ is str for t in texts):
             template, self.head, tries, self.tries = self.head, None, self.tries, 0
             try:
@@ -353,8 +382,22 @@ class ChunkParser(StreamParser):
         except JSONDecodeError:
             return
         delta["content"] = "\x01"
-        if probe == chunk:
-            self.head, self.tail = head, tail
+        if probe != chunk:
+            return
+        self.head, self.tail = head, tail
+        varying = chunk.get("obfuscation")
+        if next(reversed(chunk)) == "obfuscation" and varying.__class__ is str:
+            closing = b'"}'
+            value = b'"' + varying.encode() + closing
+            if tail.endswith(value) and varying.encode().isalnum():
+                fixed = tail[:len(tail) - len(value) + 1]          # up to the value's opening quote
+                try:
+                    probe = loads(head + b'"\\u0001"' + fixed + b"Q" + closing)
+                except JSONDecodeError:
+                    return
+                chunk["obfuscation"] = "Q"
+                if probe == chunk:
+                    self.tail, self.closing = fixed, closing
 
     def end(self) -> tuple[list[StreamEvent], BaseException | None]:
         if self.finish is None:

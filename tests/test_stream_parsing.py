@@ -249,8 +249,13 @@ def envelope_chunk(rng: random.Random, style: int, text: str) -> bytes:
         body["obfuscation"] = "abc"
     if style == 6:          # another "content" key before the delta's: the template's place is checked
         body = {"meta": {"content": "z"}, **body}
-    if style == 7:          # a field that changes every chunk after the text: the template never fits
+    if style == 7:          # OpenAI's field that changes every chunk, last: read around by the template
         body["obfuscation"] = "".join(rng.choice("abcXYZ019") for _ in range(rng.randint(8, 12)))
+    if style == 8:          # the same, at times with bytes the template does not read (parsed whole)
+        body["obfuscation"] = "".join(rng.choice(["a", "Z", "0", '"', "\\", "é", "\x01", "~", " "])
+                                      for _ in range(rng.randint(0, 12)))
+    if style == 9:          # a field that changes every chunk after the text, not OpenAI's: the template never fits
+        body["nonce"] = "".join(rng.choice("abcXYZ019") for _ in range(rng.randint(8, 12)))
     return orjson.dumps(body)
 
 
@@ -280,7 +285,7 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
     (text, empty deltas, escapes, control characters, lookalike keys) are those of the full parse."""
     from providers.openai import ChunkParser
     rng = random.Random(seed)
-    for style in range(8):
+    for style in range(10):
         datas = [orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "finish_reason": None}]})]
@@ -309,12 +314,14 @@ def test_a_text_chunk_parsed_from_its_template_means_what_the_whole_chunk_means(
             assert got == want
         else:
             assert got[:-1] == want and got[-1] == want_error
-        if style in (0, 1, 2, 5) and any(texts):
+        if style in (0, 1, 2, 5, 7) and any(texts):
             assert learned is not None, "the text template is learned from a plain text chunk"
         if style in (3, 4):
             assert learned is None
         first = next((i for i, text in enumerate(texts) if text), len(texts))
-        if style == 7 and len(texts) - first > 3:       # learned, then dropped for good
+        if style == 7 and len(texts) - first > 3:       # kept: three chunks it did not fit would have dropped it
+            assert parser.closing is not None and parser.head is not None
+        if style == 9 and len(texts) - first > 3:       # learned, then dropped for good
             assert parser.head is None and parser.tries == 0
 
 
@@ -382,3 +389,23 @@ def test_a_read_of_one_line_events_is_split_as_event_by_event():
         reader = SSEReader(Nothing(), "up")
         rest = reader._split(buffer)
         assert (list(reader.events), rest) == by_block(buffer), buffer
+
+
+def test_a_template_dropped_with_its_chunks_still_pending_sends_them_first():
+    """A stream whose text chunks alternate between the template's tail and other tails: when the
+    third differing one drops the template, the chunks it already read still go out, in order."""
+    from providers.openai import ChunkParser
+
+    def chunk(text: str, nonce: str) -> bytes:
+        return orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+                             "nonce": nonce})
+    parser = ChunkParser("up")
+    first, error = parser.feed([("", chunk("a", "x1"))])
+    assert error is None and parser.head is not None
+    datas = [chunk(text, nonce) for text, nonce in [("b", "x1"), ("c", "x2"), ("d", "x1"), ("e", "x3"), ("f", "x1"),
+                                                     ("g", "x4"), ("h", "x1")]]
+    events, error = parser.feed([("", data) for data in datas])
+    assert error is None
+    assert [ev.text for ev in deltas(first + events) if isinstance(ev, TextDelta)] == list("abcdefgh")
+    assert parser.head is None
