@@ -1,6 +1,6 @@
 """Instructions per call: a measure of CPU cost that does not drift with the machine's load.
 
-`.venv/bin/python bench/instructions.py [--calls 1000] [--concurrency 20] [--lanes 1,2] [--log-level warning]`
+`.venv/bin/python bench/instructions.py [--calls 1000] [--concurrency 20] [--lanes 1,2] [--log-level warning] [--chunk-delay 0.01]`
 
 CPU time per call (bench/run.py) is what users feel, but on a shared machine it moves by
 tens of percent from one run to the next, which hides a change worth 3%. Here the server
@@ -92,6 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis", default="", help="gateway Redis URL (default: none)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the gateway's --log-level (warning: no per-call log line)")
+    p.add_argument("--chunk-delay", type=float, default=0.0,
+                   help="seconds the fake upstream waits between stream chunks (0: a stream's chunks are written "
+                        "at once and arrive in about one read; 0.01 with a low --concurrency: one chunk a read, "
+                        "as a model sends them while it generates)")
     return p.parse_args(argv)
 
 
@@ -102,8 +106,8 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="gateway-instructions-"))
     up = free_port()
-    upstream = subprocess.Popen([PY, str(HERE / "fake_upstream.py"), "--port", str(up), "--chunks", "20"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upstream = subprocess.Popen([PY, str(HERE / "fake_upstream.py"), "--port", str(up), "--chunks", "20",
+                                 "--delay", str(args.chunk_delay)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
         wait_ready(f"http://127.0.0.1:{up}/v1/chat/completions", b"{}")
@@ -128,7 +132,8 @@ def main() -> int:
         upstream.terminate()
         shutil.rmtree(work, ignore_errors=True)
     print(f"| lane | null proxy instructions/call | gateway instructions/call | ÷ null |  "
-          f"({args.calls} calls, concurrency {args.concurrency}, log level {args.log_level})")
+          f"({args.calls} calls, concurrency {args.concurrency}, log level {args.log_level}"
+          f"{f', {args.chunk_delay} s between stream chunks' if args.chunk_delay else ''})")
     print("|---|---|---|---|")
     for name, floor, gateway in rows:
         print(f"| {name} | {f'{floor:,.0f}' if floor else '-'} | {gateway:,.0f} | "
