@@ -207,29 +207,32 @@ class HTTPProvider(RemoteProvider):
                 if resp.status != 200:
                     raise self._error(resp, await read_capped(self, resp))
                 reader = SSEReader(resp.content, self.name, self.limits)
-                parser = self.stream_parser(req)
-                if parser is None:
-                    async for event in self.parse_stream(reader, req):
-                        if isinstance(event, StreamEnd):
-                            check_usage(event.usage)
-                        yield event
-                        if reader.drained:        # all this read brought is out: the relay may write it
-                            yield FLUSH
-                    return
-                # The events of each network read parsed in one go (no await per event) and
-                # yielded as one list, which the relay writes together; an error is raised after
-                # the events parsed before it, as parse_stream would.
-                while True:
-                    batch = await reader.batch()
-                    events, error = parser.feed(batch) if batch else parser.end()
-                    if events:
-                        if events[-1].__class__ is StreamEnd:
-                            check_usage(events[-1].usage)
-                        yield events
-                    if error is not None:
-                        raise error
-                    if not batch or parser.ended:
+                try:
+                    parser = self.stream_parser(req)
+                    if parser is None:
+                        async for event in self.parse_stream(reader, req):
+                            if isinstance(event, StreamEnd):
+                                check_usage(event.usage)
+                            yield event
+                            if reader.drained:        # all this read brought is out: the relay may write it
+                                yield FLUSH
                         return
+                    # The events of each network read parsed in one go (no await per event) and
+                    # yielded as one list, which the relay writes together; an error is raised after
+                    # the events parsed before it, as parse_stream would.
+                    while True:
+                        batch = await reader.batch()
+                        events, error = parser.feed(batch) if batch else parser.end()
+                        if events:
+                            if events[-1].__class__ is StreamEnd:
+                                check_usage(events[-1].usage)
+                            yield events
+                        if error is not None:
+                            raise error
+                        if not batch or parser.ended:
+                            return
+                finally:
+                    reader.close()            # its read-deadline timer
 
     def _post(self, req: ChatRequest, model: "ChatModel", *, first_byte: bool = False):
         self.refuse_foreign_parts(req)
@@ -309,6 +312,12 @@ class SSEReader:
     `drained` says that every event of the last read has been handed out, which is when
     the relay should write what it has gathered. A dropped connection or a read timeout
     becomes an UpstreamError, never a silently shortened stream.
+
+    The read deadline (first byte, then idle) is one timer per stream that each read only
+    moves forward, not a timer armed and cancelled per read: when it fires early it waits
+    again for the latest deadline, and when a read has really waited that long it fails the
+    read. Time spent between reads (writing to a slow client) never counts. `close()` drops
+    the timer.
     """
 
     def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None):
@@ -319,6 +328,10 @@ class SSEReader:
         self.events: deque[tuple[str, bytes]] = deque()
         limits = limits or UpstreamLimits()
         self.wait, self.idle, self.max_event = limits.first_byte, limits.idle, limits.max_event_bytes
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.deadline = 0.0
+        self.reading = False            # a read is waiting (only then can the deadline pass)
+        self.timer: asyncio.TimerHandle | None = None
 
     @property
     def drained(self) -> bool:
@@ -347,15 +360,20 @@ class SSEReader:
                 if self.content.is_eof():       # the rest is here already: no read can stall
                     data = await self.reads.__anext__()
                 else:
-                    async with asyncio.timeout(self.wait):
+                    self.deadline = (self.loop or self._started()).time() + self.wait
+                    if self.timer is None or self.deadline < self.timer.when():     # (idle after a longer first byte)
+                        self._arm()
+                    self.reading = True
+                    try:
                         data = await self.reads.__anext__()
+                    finally:
+                        self.reading = False
                     self.wait = self.idle
             except StopAsyncIteration:
+                self.close()
                 self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
                 self.buffer = b""
                 return bool(self.events)
-            except asyncio.TimeoutError:
-                raise UpstreamError(502, f"{self.provider} stopped sending mid-stream", code="upstream_timeout") from None
             except aiohttp.ClientError as exc:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
@@ -364,6 +382,31 @@ class SSEReader:
                 raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
                                          f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
         return True
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        self.loop = asyncio.get_running_loop()
+        return self.loop
+
+    def _arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(self.deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The timer: fail the waiting read if its deadline passed; else wait for the deadline."""
+        self.timer = None
+        if not self.reading:            # between reads: the next read sets its own deadline
+            return
+        if self.loop.time() < self.deadline:
+            self._arm()
+            return
+        self.content.set_exception(UpstreamError(502, f"{self.provider} stopped sending mid-stream",
+                                                 code="upstream_timeout"))
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _split(self, buffer: bytes) -> bytes:
         """Queue the complete events in `buffer`; -> what is left of an incomplete one."""

@@ -2,6 +2,7 @@
 and the same error after them, as the event-at-a-time parser it replaced, however the
 upstream's bytes are cut into reads; and each read's events are out (one list, written
 together) before the next read."""
+import asyncio
 import random
 
 import orjson
@@ -409,3 +410,30 @@ def test_a_template_dropped_with_its_chunks_still_pending_sends_them_first():
     assert error is None
     assert [ev.text for ev in deltas(first + events) if isinstance(ev, TextDelta)] == list("abcdefgh")
     assert parser.head is None
+
+
+async def test_the_read_deadline_counts_only_time_spent_waiting_for_the_upstream():
+    """One timer per stream: time between reads (the relay writing to a slow client) does not
+    count, a read that waits longer than the idle deadline fails as a stalled upstream, and the
+    first byte has its own (longer) deadline."""
+    import aiohttp
+    from unittest import mock
+
+    from providers.guard import UpstreamLimits
+    content = aiohttp.StreamReader(mock.Mock(_reading_paused=False), 2 ** 16, loop=asyncio.get_running_loop())
+    limits = UpstreamLimits(first_byte=0.6, idle=0.2)
+    reader = SSEReader(content, "up", limits)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.4, content.feed_data, b"data: 1\n\n")         # later than idle, sooner than first byte
+    assert await reader.batch() == [("", b"1")]
+    await asyncio.sleep(0.5)                                          # a slow client: not the upstream's time
+    content.feed_data(b"data: 2\n\n")
+    assert await reader.batch() == [("", b"2")]
+    loop.call_later(0.1, content.feed_data, b"data: 3\n\n")          # inside the deadline, which moved on
+    assert await reader.batch() == [("", b"3")]
+    started = loop.time()
+    with pytest.raises(UpstreamError, match="stopped sending mid-stream"):
+        await reader.batch()                                          # nothing comes: fails at the idle deadline
+    assert 0.15 < loop.time() - started < 0.5
+    reader.close()
+    assert reader.timer is None
