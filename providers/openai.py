@@ -240,7 +240,7 @@ class ChunkParser(StreamParser):
         out: list[StreamEvent] = []
         append = out.append
         run: list[bytes] = []       # the template's chunks in a row
-        ends: list[int] = []        # where each one's string ends
+        strings: list[bytes] = []   # the content string of each, as sent
         try:
             head, tail, closing = self.head, self.tail, self.closing
             for _, data in events:
@@ -248,7 +248,7 @@ class ChunkParser(StreamParser):
                     if closing is None:
                         if data.endswith(tail):
                             run.append(data)
-                            ends.append(len(data) - len(tail))
+                            strings.append(data[len(head):len(data) - len(tail)])
                             continue
                     elif data.endswith(closing):        # the tail, a letters-and-digits value, the closing bytes
                         value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1    # after its opening quote
@@ -256,18 +256,15 @@ class ChunkParser(StreamParser):
                         if (end >= len(head) and data[value:len(data) - len(closing)].isalnum()
                                 and data.startswith(tail, end)):
                             run.append(data)
-                            ends.append(end)
+                            strings.append(data[len(head):end])
                             continue
                     self.misses -= 1        # text chunks whose tails differ (a field that changes
                     if not self.misses:     # every chunk other than OpenAI's `obfuscation`): no template
-                        if run:             # (the chunks read by it so far go out first)
-                            self._run(run, ends, out)
-                            run, ends = [], []
                         self.head = head = None
                         self.tries = 0
                 if run:
-                    self._run(run, ends, out)
-                    run, ends = [], []
+                    self._run(run, strings, out)
+                    run, strings = [], []
                 if data[:1] != b"{" and data.strip() == b"[DONE]":
                     self.ended = True
                     append(self._end())
@@ -296,19 +293,19 @@ class ChunkParser(StreamParser):
                     self._learn(data, chunk)
                     head, tail, closing = self.head, self.tail, self.closing
             if run:
-                self._run(run, ends, out)
+                self._run(run, strings, out)
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
 
-    def _run(self, run: list[bytes], ends: list[int], out: list[StreamEvent]) -> None:
-        """Template chunks in a row: their strings (from the head to `ends`) parsed in one go as
-        the items of one array. When each chunk holds one string (the array has one string per
-        chunk), they are a TextRun; else the chunks are parsed whole, one by one, as any other."""
-        start = len(self.head)
+    def _run(self, run: list[bytes], strings: list[bytes], out: list[StreamEvent]) -> None:
+        """Template chunks in a row: their `strings` (what lies between the template's bytes)
+        parsed in one go as the items of one array. When each chunk holds one string (the array
+        has one string per chunk), they are a TextRun; else the chunks are parsed whole, one by
+        one, as any other."""
         if len(run) == 1:           # a read of one chunk (a stream as it is generated): its string alone
             try:
-                text = loads(run[0][start:ends[0]])
+                text = loads(strings[0])
             except JSONDecodeError:
                 text = None
             if text.__class__ is str:
@@ -317,7 +314,6 @@ class ChunkParser(StreamParser):
                 return
             texts = None
         else:
-            strings = [data[start:end] for data, end in zip(run, ends)]
             array = b"[" + b",".join(strings) + b"]"
             try:
                 texts = loads(array)
