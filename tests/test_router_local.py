@@ -111,6 +111,13 @@ def test_router_eval_reports_on_the_test_split_only():
         assert heading in out.stdout
 
 
+def test_route_up_bound_keeps_one_standard_error_below_the_aim():
+    from plugins.router_train import under_bound
+    # 3,000 validation requests: 5% has a standard error of 0.40 points.
+    assert abs(under_bound(0.05, 3000) - 0.04602) < 1e-5
+    assert under_bound(0.05, 12000) > under_bound(0.05, 3000)        # more requests, less margin
+
+
 @pytest.mark.timeout(120)
 def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
     rows = []
@@ -127,7 +134,13 @@ def test_router_train_writes_a_model_the_gateway_loads(tmp_path):
                           "--out", str(out_file), "--steps", "40"],
                          capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["trained_on"] == len(rows)
+    meta = json.loads(out.stdout)
+    assert meta["trained_on"] == len(rows)
+    # The route-up thresholds keep validation's under-routing a standard error below the aim
+    # (this toy validation split is too small to tell: none at all).
+    valid = sum(r["split"] == "validation" for r in rows)
+    assert meta["route_up_bound"] == max(0, round(0.05 - (0.05 * 0.95 / valid) ** 0.5, 4)) == 0
+    assert meta["validation"]["under"] == 0
     from plugins.router_model import LocalClassifier
     assert LocalClassifier.load(out_file).decide(RoutingInput("hi")).tier in ("easy", "medium")
 
