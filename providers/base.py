@@ -322,7 +322,6 @@ class SSEReader:
 
     def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None):
         self.content = content
-        self.reads = content.iter_any().__aiter__()
         self.provider = provider
         self.buffer = b""
         self.events: deque[tuple[str, bytes]] = deque()
@@ -341,47 +340,47 @@ class SSEReader:
         return self
 
     async def __anext__(self) -> tuple[str, bytes]:
-        if not self.events and not await self._fill():
-            raise StopAsyncIteration
-        return self.events.popleft()
+        events = self.events
+        if not events:
+            events.extend(await self.batch())
+            if not events:
+                raise StopAsyncIteration
+        return events.popleft()
 
     async def batch(self) -> list[tuple[str, bytes]]:
-        """Every event the next network read brought (at least one), or [] at the end."""
-        if not self.events and not await self._fill():
-            return []
-        events = list(self.events)
-        self.events.clear()
-        return events
-
-    async def _fill(self) -> bool:
-        """Read until at least one event is complete; -> False at the end of the stream."""
-        while not self.events:
+        """Every event the next network read brought (at least one), or [] at the end.
+        Reads until at least one event is complete (the stream's reads awaited here
+        directly: no layer between this and the socket's buffer)."""
+        events = self.events
+        while not events:
             try:
                 if self.content.is_eof():       # the rest is here already: no read can stall
-                    data = await self.reads.__anext__()
+                    data = await self.content.readany()
                 else:
                     self.deadline = (self.loop or self._started()).time() + self.wait
                     if self.timer is None or self.deadline < self.timer.when():     # (idle after a longer first byte)
                         self._arm()
                     self.reading = True
                     try:
-                        data = await self.reads.__anext__()
+                        data = await self.content.readany()
                     finally:
                         self.reading = False
                     self.wait = self.idle
-            except StopAsyncIteration:
-                self.close()
-                self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
-                self.buffer = b""
-                return bool(self.events)
             except aiohttp.ClientError as exc:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
+            if not data:                        # the end of the stream
+                self.close()
+                self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
+                self.buffer = b""
+                break
             self.buffer = self._split(self.buffer + data if self.buffer else data)
             if len(self.buffer) > self.max_event:
                 raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
                                          f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
-        return True
+        batch = list(events)
+        events.clear()
+        return batch
 
     def _started(self) -> asyncio.AbstractEventLoop:
         self.loop = asyncio.get_running_loop()
