@@ -190,6 +190,8 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         Resp.content = content
 
         class Request:
+            end = None          # no total deadline
+
             def __init__(self, *a, **k):
                 pass
 
