@@ -284,10 +284,11 @@ class _Request:
             else:
                 self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers,
                                             timeout=self.p.stream_timeout)
-                now = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                now = loop.time()
                 self.end = total_deadline(now, self.p.limits.total)
                 first_byte = now + self.wait
-                async with asyncio.timeout_at(first_byte if self.end is None else min(first_byte, self.end)):
+                with Deadline(loop, first_byte if self.end is None else min(first_byte, self.end)):
                     self._resp = await self._cm.__aenter__()
             return self._resp
         except asyncio.TimeoutError:
@@ -305,6 +306,32 @@ class _Request:
             raise UpstreamError(502, f"{self.p.name} stopped answering mid-response", code="upstream_timeout") from None
         if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
             raise UpstreamError(502, f"{self.p.name} connection broke mid-response: {exc_type.__name__}") from None
+
+
+class Deadline:
+    """`with Deadline(loop, when):` around an await does what `async with
+    asyncio.timeout_at(when):` does (the task is cancelled at `when`, and that cancellation
+    leaves the block as TimeoutError), with one timer handle and no coroutine of its own: a
+    third of the instructions."""
+    __slots__ = ("task", "cancelling", "expired", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float):
+        self.task = asyncio.current_task()
+        self.cancelling = self.task.cancelling()
+        self.expired = False
+        self.timer = loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self.task.cancel()
+        self.expired = True
+
+    def __enter__(self) -> "Deadline":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.timer.cancel()
+        if self.expired and self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
+            raise asyncio.TimeoutError from exc
 
 
 def total_deadline(now: float, total: float) -> float | None:

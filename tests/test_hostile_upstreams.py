@@ -227,3 +227,27 @@ async def test_the_operator_log_keeps_the_upstream_error_text_but_not_the_key(fa
     (line,) = [line for line in log.splitlines() if "upstream_error_text" in line]
     assert "X-Other: Bearer abcdefgh12345678" in line and '"status":400' in line     # the full text, to debug with
     assert "sk-test-upstream" not in log                                            # never the provider's key
+
+
+async def test_a_deadline_is_asyncio_timeout_at_with_one_timer():
+    """The first-byte wait's Deadline ends as `asyncio.timeout_at` would: TimeoutError when it
+    passes, nothing when the work is done in time, and a cancellation from outside stays one;
+    the task is never left cancelling."""
+    from providers.base import Deadline
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        with Deadline(loop, loop.time() + 0.05):
+            await asyncio.sleep(5)
+    assert asyncio.current_task().cancelling() == 0
+    with Deadline(loop, loop.time() + 5):
+        await asyncio.sleep(0.01)
+    assert asyncio.current_task().cancelling() == 0
+
+    async def waits():
+        with Deadline(loop, loop.time() + 5):
+            await asyncio.sleep(5)
+    task = asyncio.create_task(waits())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
