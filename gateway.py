@@ -234,8 +234,9 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                     pending.append(chunk)
                 if pending and (not gather or isinstance(ev, StreamEnd)):
                     await send()
-            if pending and item.__class__ is list:     # a read's events leave together
-                await send()
+            if pending and item.__class__ is list:     # a read's events leave together, in one write
+                await resp.write(b"".join(pending))
+                pending.clear()
             try:
                 item = await events.__anext__()
             except StopAsyncIteration:

@@ -84,7 +84,7 @@ def featured_today(app) -> str | None:
 
 def eligible(ctx: CallContext, input_tokens: int, output_tokens: int) -> int:
     """The part of a call's price the allowance may cover (micro-USD)."""
-    settings: FreeSettings = ctx.request.app[FREE]
+    settings: FreeSettings = ctx.app[FREE]
     if not settings.daily_micro or ctx.principal is None or ctx.route is None or \
             ctx.route.requested_model == SMART_ID or ctx.format.name == "messages":
         return 0                  # svc/smart and /messages (SPEC: credits only) never use it
@@ -103,7 +103,7 @@ def ask(ctx: CallContext, input_tokens: int, output_cap: int) -> FreeAsk | None:
     want = eligible(ctx, input_tokens, output_cap)
     if not want:
         return None
-    app = ctx.request.app
+    app = ctx.app
     return FreeAsk(day=today(app), want=want, daily=app[FREE].daily_micro)
 
 
@@ -121,7 +121,7 @@ async def gateway_account_info(app, principal):
 def gateway_select_route(ctx: CallContext):
     if ctx.chat is None or ctx.model_id != FREE_ID:
         return None
-    model = featured_today(ctx.request.app)
+    model = featured_today(ctx.app)
     if model is None:
         raise bad_request("svc/free is not configured on this gateway", param="model")
     route = route_to(ctx, model, requested=FREE_ID)

@@ -25,7 +25,7 @@ async def gateway_reserve(ctx: CallContext):
     if ctx.principal is None:
         return None
     amount, tokens_in, cap = ctx.pricer.reserve(ctx)
-    ledger = ctx.request.app[STORE].ledger
+    ledger = ctx.app[STORE].ledger
     p = ctx.principal
     # Positional (fields in HoldRequest's order): a class called with keywords builds a dict per call.
     request = HoldRequest(ctx.call_id, p.account_id, amount, allowance.ask(ctx, tokens_in, cap), p.key_id,
@@ -36,7 +36,7 @@ async def gateway_reserve(ctx: CallContext):
     except KeySpendLimitReached as reached:
         raise keypolicy.refusal(reached) from None
     except asyncio.CancelledError:      # the client left while the hold was being made: undo it
-        spawn(ctx.request.app, _undo(pending, ledger, ctx.call_id))
+        spawn(ctx.app, _undo(pending, ledger, ctx.call_id))
         raise
     if reserved is None:
         have = await ledger.balance(p.account_id)
@@ -96,7 +96,7 @@ async def _settle(ctx: CallContext, hold: Hold) -> None:
     charged, free_use = split_charge(reserved, charge, eligible)
     ctx.charge_micro, ctx.free_micro = charged, free_use
     ctx.billing = ctx.pricer.billing(ctx, charged, cost, note_for(ctx, charged, free_use))
-    if not await ctx.request.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, usage.row(ctx))):
+    if not await ctx.app[STORE].ledger.settle(Settlement(reserved, charged, free_use, usage.row(ctx))):
         # Released meanwhile: this process stopped renewing its lease long enough for another
         # to take it for dead. The refund (and a usage row) went out then; the call is free.
         ctx.charge_micro = ctx.free_micro = 0

@@ -83,6 +83,7 @@ class CallContext:
     request: "web.Request"
     format: "ClientFormat"             # the endpoint's wire format (chat A/B/C, or a media endpoint)
     call_id: str
+    app: "web.Application"             # the request's app (request.app costs two property calls)
     chat: ChatRequest | None = None
     media: Any = None                  # a media job (images, videos), once routed
     media_fields: Any = None           # the parsed media request fields (plugins.media.requests)

@@ -102,7 +102,7 @@ def flagged(category: str, how: str) -> GatewayError:
 
 @hookimpl
 async def gateway_moderate(ctx: CallContext):
-    mod: Moderation = ctx.request.app[MODERATION]
+    mod: Moderation = ctx.app[MODERATION]
     if not mod.rules and not mod.provider:
         return
     text = texts(ctx)
@@ -116,9 +116,9 @@ async def gateway_moderate(ctx: CallContext):
 
 
 async def _ask_upstream(ctx: CallContext, mod: Moderation, text: str) -> str | None:
-    provider = ctx.request.app[PROVIDERS][mod.provider]
+    provider = ctx.app[PROVIDERS][mod.provider]
     try:
-        async with ctx.request.app[HTTP].post(
+        async with ctx.app[HTTP].post(
                 f"{provider.base_url}/moderations", data=orjson.dumps({"model": mod.model, "input": text[:100_000]}),
                 headers={"Content-Type": "application/json", **provider.headers()},
                 timeout=aiohttp.ClientTimeout(total=10)) as resp:

@@ -37,12 +37,13 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
     """Run one call: `prepare(ctx, body)` fills the call from the request body, then the
     stages run, then `serve(ctx)` does the upstream work and answers. Any refusal or
     failure becomes the format's own error shape; settlement happens exactly once."""
-    ctx = CallContext(request, fmt, request[REQUEST_ID])     # positional: no keyword dict per call
-    spans = request.app[SPANS]
+    app = request.app
+    ctx = CallContext(request, fmt, request[REQUEST_ID], app)     # positional: no keyword dict per call
+    spans = app[SPANS]
     try:
         with spans.stage("parse"):
             prepare(ctx, await read_json(request))
-        async with around(request.app[PM], ctx):
+        async with around(app[PM], ctx):
             await run_stages(ctx, spans)
             with spans.call(ctx):
                 # The upstream stage: a GatewayError is recorded on the call, and the call is
@@ -59,13 +60,13 @@ async def run_call(request: web.Request, fmt: ClientFormat, prepare: Prepare, se
     except GatewayError as err:
         if ctx.finish_task is None:       # refused before the upstream stage: no settlement, no usage row
             logs.info_line(log, "call_refused", {"status": err.status, "code": err.code, "endpoint": fmt.endpoint})
-            await acall_all(request.app[PM].hook.gateway_call_refused, ctx=ctx, error=err)
+            await acall_all(app[PM].hook.gateway_call_refused, ctx=ctx, error=err)
         return fmt.error_response(err, ctx.call_id)
 
 
 async def run_stages(ctx: CallContext, spans) -> None:
     """Everything before the upstream call; raises GatewayError to refuse."""
-    hook = ctx.request.app[PM].hook
+    hook = ctx.app[PM].hook
     with spans.stage("authenticate"):
         ctx.principal = await acall_first(hook.gateway_authenticate, ctx=ctx)
     with spans.stage("admit"):
@@ -89,7 +90,7 @@ def check_servable(ctx: CallContext) -> None:
     first, since setting a key would not help), and its provider has what it needs (400
     naming what the operator must set)."""
     model, provider = ctx.route.model, ctx.route.provider
-    if model.lifecycle.retires is not None and model.lifecycle.retired(utc_today(ctx.request.app)):
+    if model.lifecycle.retires is not None and model.lifecycle.retired(utc_today(ctx.app)):
         raise model_retired(model.id, model.lifecycle)
     reason = provider.unavailable_reason()
     if reason:
@@ -107,13 +108,13 @@ async def finish(ctx: CallContext) -> None:
     if ctx.finish_task is None:
         if ctx.upstream_started:
             ctx.upstream_seconds = time.monotonic() - ctx.upstream_started
-        ctx.finish_task = spawn(ctx.request.app, _settle_and_record(ctx))
+        ctx.finish_task = spawn(ctx.app, _settle_and_record(ctx))
     await asyncio.shield(ctx.finish_task)
 
 
 async def _settle_and_record(ctx: CallContext) -> None:
-    hook = ctx.request.app[PM].hook
-    with ctx.request.app[SPANS].stage("settle"):
+    hook = ctx.app[PM].hook
+    with ctx.app[SPANS].stage("settle"):
         try:
             await acall_all(hook.gateway_settle, ctx=ctx)
         finally:

@@ -111,7 +111,7 @@ async def gateway_admit(ctx: CallContext):
         buckets.append(Bucket(f"{who}:tpm", tokens, float(tpm)))
     if not buckets:
         return
-    got = await ctx.request.app[LIMITS].store.take(buckets)
+    got = await ctx.app[LIMITS].store.take(buckets)
     if got.refused is not None:
         refused = buckets[got.refused]
         kind, limit = ("requests", rpm) if refused.key.endswith(":rpm") else ("tokens", tpm)
@@ -143,4 +143,4 @@ async def gateway_record_usage(ctx: CallContext):
     if ctx.billing:
         used = ctx.billing.get("input_tokens_billed", 0) + ctx.billing.get("output_tokens_billed", 0)
     if taken.cost > used:
-        await ctx.request.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))
+        await ctx.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))

@@ -163,12 +163,12 @@ def request_text(chat: ChatRequest) -> str:
 async def gateway_select_route(ctx: CallContext):
     if ctx.model_id != SMART or not ctx.format.allows_smart:
         return None
-    settings: RouterSettings = ctx.request.app[ROUTER]
+    settings: RouterSettings = ctx.app[ROUTER]
     if ctx.chat is None:
         return _media_route(ctx, settings)
     if not settings.tiers:
         raise bad_request("svc/smart is not configured on this gateway", param="model")
-    difficulty, how, why = await classify(ctx.request.app, ctx.chat)
+    difficulty, how, why = await classify(ctx.app, ctx.chat)
     route = route_to(ctx, settings.tiers[difficulty], requested=SMART)
     route.extra.update(difficulty=difficulty, classifier=how)
     route.notes.append(f"svc/smart routed to {route.model.id} ({difficulty}, by {how}{why})")
@@ -195,7 +195,7 @@ def _media_route(ctx: CallContext, settings: RouterSettings):
     model_id = ((settings.media.get(endpoint.kind) or {}).get(operation) or {}).get(tier)
     if not model_id:
         raise f.fail("model", f"svc/smart has no {endpoint.kind} model for {operation} at quality {tier}")
-    model = ctx.request.app[MEDIA].catalog.get(model_id)
+    model = ctx.app[MEDIA].catalog.get(model_id)
     _drop_unsupported(body, model, endpoint.kind)
     route = media_route(ctx, model_id, requested=SMART)
     route.notes.append(f"svc/smart routed to {model_id} ({operation}, {tier})")

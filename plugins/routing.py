@@ -15,7 +15,7 @@ from .errors import bad_request
 
 def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
     """A Route to catalog model `model_id`; a 400 naming it when there is none."""
-    app = ctx.request.app
+    app = ctx.app
     model = app[CONFIG].chat_models.get(model_id)
     if model is None:
         raise bad_request(f"model {model_id!r} is not served here; GET /api/v1/models lists the ids",
@@ -27,5 +27,5 @@ def route_to(ctx: CallContext, model_id: str, requested: str | None = None) -> R
 def gateway_select_route(ctx: CallContext):
     if ctx.chat is None:
         return None
-    resolved = ctx.format.resolve_model(ctx.chat.model, ctx.request.app[CONFIG])
+    resolved = ctx.format.resolve_model(ctx.chat.model, ctx.app[CONFIG])
     return route_to(ctx, resolved, requested=ctx.chat.model)

@@ -49,5 +49,5 @@ def mark_written(ctx: CallContext) -> None:
 async def gateway_record_usage(ctx: CallContext):
     if ctx.usage_written:
         return
-    await ctx.request.app[STORE].usage.record(row(ctx))
+    await ctx.app[STORE].usage.record(row(ctx))
     mark_written(ctx)

@@ -15,6 +15,7 @@ providers/guard.py.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 
@@ -157,6 +158,9 @@ class HTTPProvider(RemoteProvider):
         super().__init__(config, http)
         # Header waits and body gaps are bounded per read (see guard.read_capped, SSEReader).
         self.timeout = self.limits.client_timeout()
+        # A stream's total deadline is kept by its reader (see _Request), not by aiohttp, whose
+        # total deadline costs a timer context on every read.
+        self.stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect)
 
     # -- declarative bits a subclass overrides --------------------------------------
     def headers(self) -> dict[str, str]:
@@ -203,10 +207,13 @@ class HTTPProvider(RemoteProvider):
 
     async def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
         with answer_shape(self):
-            async with self._post(req, model, first_byte=True) as resp:
+            request = self._post(req, model, first_byte=True)
+            async with request as resp:
                 if resp.status != 200:
-                    raise self._error(resp, await read_capped(self, resp))
-                reader = SSEReader(resp.content, self.name, self.limits)
+                    async with asyncio.timeout_at(request.end):
+                        raw = await read_capped(self, resp)
+                    raise self._error(resp, raw)
+                reader = SSEReader(resp.content, self.name, self.limits, request.end)
                 try:
                     parser = self.stream_parser(req)
                     if parser is None:
@@ -256,21 +263,32 @@ class _Request:
     """`async with` a POST, turning transport failures (connecting or reading) into
     UpstreamError (502). `wait` bounds the time to the response headers (a stream's
     first-byte deadline); the provider's total deadline bounds everything. Leaving with
-    an error closes the upstream connection rather than returning it to the pool."""
+    an error closes the upstream connection rather than returning it to the pool.
+
+    For a stream (`wait` set) the total deadline is `end` (loop time, set as aiohttp would
+    set it), which bounds the wait for the headers here and the reads in SSEReader; aiohttp
+    is not given it, as it would enter a timer context on every read."""
 
     def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str],
                  wait: float | None = None):
         self.p, self.url, self.body, self.headers, self.wait = provider, url, body, headers, wait
         self._cm = None
         self._resp: aiohttp.ClientResponse | None = None
+        self.end: float | None = None
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
-            self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
             if self.wait is None:           # the provider's total deadline is the only bound
+                self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
                 self._resp = await self._cm.__aenter__()
             else:
-                async with asyncio.timeout(self.wait):
+                self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers,
+                                            timeout=self.p.stream_timeout)
+                loop = asyncio.get_running_loop()
+                now = loop.time()
+                self.end = total_deadline(now, self.p.limits.total)
+                first_byte = now + self.wait
+                with Deadline(loop, first_byte if self.end is None else min(first_byte, self.end)):
                     self._resp = await self._cm.__aenter__()
             return self._resp
         except asyncio.TimeoutError:
@@ -288,6 +306,40 @@ class _Request:
             raise UpstreamError(502, f"{self.p.name} stopped answering mid-response", code="upstream_timeout") from None
         if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
             raise UpstreamError(502, f"{self.p.name} connection broke mid-response: {exc_type.__name__}") from None
+
+
+class Deadline:
+    """`with Deadline(loop, when):` around an await does what `async with
+    asyncio.timeout_at(when):` does (the task is cancelled at `when`, and that cancellation
+    leaves the block as TimeoutError), with one timer handle and no coroutine of its own: a
+    third of the instructions."""
+    __slots__ = ("task", "cancelling", "expired", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float):
+        self.task = asyncio.current_task()
+        self.cancelling = self.task.cancelling()
+        self.expired = False
+        self.timer = loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self.task.cancel()
+        self.expired = True
+
+    def __enter__(self) -> "Deadline":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.timer.cancel()
+        if self.expired and self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
+            raise asyncio.TimeoutError from exc
+
+
+def total_deadline(now: float, total: float) -> float | None:
+    """When a call started at loop time `now` reaches its total deadline, as aiohttp reckons
+    it (a deadline of 5 s or more rounded up to a whole second; none if not positive)."""
+    if not total > 0:
+        return None
+    return math.ceil(now + total) if total >= 5 else now + total
 
 
 class StreamParser:
@@ -316,13 +368,15 @@ class SSEReader:
     The read deadline (first byte, then idle) is one timer per stream that each read only
     moves forward, not a timer armed and cancelled per read: when it fires early it waits
     again for the latest deadline, and when a read has really waited that long it fails the
-    read. Time spent between reads (writing to a slow client) never counts. `close()` drops
-    the timer.
+    read. Time spent between reads (writing to a slow client) never counts. The same timer
+    keeps the call's total deadline `end` (loop time), which aiohttp would otherwise keep with
+    a timer context entered on every read: a read waiting when it passes fails, and so does
+    any read after it. `close()` drops the timer.
     """
 
-    def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None):
+    def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None,
+                 end: float | None = None):
         self.content = content
-        self.reads = content.iter_any().__aiter__()
         self.provider = provider
         self.buffer = b""
         self.events: deque[tuple[str, bytes]] = deque()
@@ -330,6 +384,7 @@ class SSEReader:
         self.wait, self.idle, self.max_event = limits.first_byte, limits.idle, limits.max_event_bytes
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deadline = 0.0
+        self.end = math.inf if end is None else end
         self.reading = False            # a read is waiting (only then can the deadline pass)
         self.timer: asyncio.TimerHandle | None = None
 
@@ -341,47 +396,50 @@ class SSEReader:
         return self
 
     async def __anext__(self) -> tuple[str, bytes]:
-        if not self.events and not await self._fill():
-            raise StopAsyncIteration
-        return self.events.popleft()
+        events = self.events
+        if not events:
+            events.extend(await self.batch())
+            if not events:
+                raise StopAsyncIteration
+        return events.popleft()
 
     async def batch(self) -> list[tuple[str, bytes]]:
-        """Every event the next network read brought (at least one), or [] at the end."""
-        if not self.events and not await self._fill():
-            return []
-        events = list(self.events)
-        self.events.clear()
-        return events
-
-    async def _fill(self) -> bool:
-        """Read until at least one event is complete; -> False at the end of the stream."""
-        while not self.events:
+        """Every event the next network read brought (at least one), or [] at the end.
+        Reads until at least one event is complete (the stream's reads awaited here
+        directly: no layer between this and the socket's buffer)."""
+        events = self.events
+        while not events:
             try:
+                now = (self.loop or self._started()).time()
+                if now >= self.end:
+                    raise self._overdue()
                 if self.content.is_eof():       # the rest is here already: no read can stall
-                    data = await self.reads.__anext__()
+                    data = await self.content.readany()
                 else:
-                    self.deadline = (self.loop or self._started()).time() + self.wait
+                    self.deadline = now + self.wait
                     if self.timer is None or self.deadline < self.timer.when():     # (idle after a longer first byte)
                         self._arm()
                     self.reading = True
                     try:
-                        data = await self.reads.__anext__()
+                        data = await self.content.readany()
                     finally:
                         self.reading = False
                     self.wait = self.idle
-            except StopAsyncIteration:
-                self.close()
-                self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
-                self.buffer = b""
-                return bool(self.events)
             except aiohttp.ClientError as exc:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
+            if not data:                        # the end of the stream
+                self.close()
+                self._split(self.buffer.strip(b"\r\n") + b"\n\n" if self.buffer.strip() else b"")
+                self.buffer = b""
+                break
             self.buffer = self._split(self.buffer + data if self.buffer else data)
             if len(self.buffer) > self.max_event:
                 raise UpstreamError(502, f"{self.provider} sent a stream event larger than "
                                          f"{self.max_event / 1e6:g} MB", code="upstream_too_large")
-        return True
+        batch = list(events)
+        events.clear()
+        return batch
 
     def _started(self) -> asyncio.AbstractEventLoop:
         self.loop = asyncio.get_running_loop()
@@ -390,18 +448,25 @@ class SSEReader:
     def _arm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.timer = self.loop.call_at(self.deadline, self._expire)
+        self.timer = self.loop.call_at(min(self.deadline, self.end), self._expire)
 
     def _expire(self) -> None:
         """The timer: fail the waiting read if its deadline passed; else wait for the deadline."""
         self.timer = None
         if not self.reading:            # between reads: the next read sets its own deadline
             return
-        if self.loop.time() < self.deadline:
+        now = self.loop.time()
+        if now >= self.end:
+            error = self._overdue()
+        elif now < self.deadline:
             self._arm()
             return
-        self.content.set_exception(UpstreamError(502, f"{self.provider} stopped sending mid-stream",
-                                                 code="upstream_timeout"))
+        else:
+            error = UpstreamError(502, f"{self.provider} stopped sending mid-stream", code="upstream_timeout")
+        self.content.set_exception(error)
+
+    def _overdue(self) -> UpstreamError:
+        return UpstreamError(502, f"{self.provider} stopped answering mid-response", code="upstream_timeout")
 
     def close(self) -> None:
         if self.timer is not None:

@@ -237,6 +237,28 @@ class ChunkParser(StreamParser):
         self.tries = self.misses = 3
 
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
+        head = self.head
+        if head is not None and len(events) == 1:     # a read of one chunk (a stream as it is generated):
+            data, string = events[0][1], None         # a template chunk's string parsed alone, no lists
+            if data.startswith(head):                 # (matched as the loop below matches, parsed as _run parses)
+                tail, closing = self.tail, self.closing
+                if closing is None:
+                    if data.endswith(tail):
+                        string = data[len(head):len(data) - len(tail)]
+                elif data.endswith(closing):
+                    value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1
+                    end = value - len(tail)
+                    if (end >= len(head) and data[value:len(data) - len(closing)].isalnum()
+                            and data.startswith(tail, end)):
+                        string = data[len(head):end]
+            if string is not None:
+                try:
+                    text = loads(string)
+                except JSONDecodeError:
+                    text = None
+                if text.__class__ is str:
+                    return ([TextDelta(text)] if text else []), None
+            # anything else: the loop reads it as ever
         out: list[StreamEvent] = []
         append = out.append
         run: list[bytes] = []       # the template's chunks in a row

@@ -129,6 +129,61 @@ async def test_a_stalled_stream_meets_the_idle_deadline(hostile_gw):
     await assert_uncharged(gw, account)
 
 
+async def drip_stream(request):
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for _ in range(200):                # a chunk every 100 ms: never idle, never done
+        await resp.write(CHUNK)
+        await asyncio.sleep(0.1)
+    return resp
+
+
+async def drip_error(request):
+    resp = web.StreamResponse(status=500, headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    for _ in range(400):                # an error body one byte every 50 ms
+        await resp.write(b" ")
+        await asyncio.sleep(0.05)
+    return resp
+
+
+async def test_a_dripping_stream_meets_the_total_deadline(hostile_gw):
+    gw, up, key, account = await hostile_gw(drip_stream, total_timeout_seconds=1)
+    started = time.monotonic()
+    stream = await gw.openai(key, timeout=15).chat.completions.create(
+        model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    chunks = 0
+    with pytest.raises(openai.APIError, match="stopped answering mid-response"):
+        async for _ in stream:
+            chunks += 1
+    assert chunks >= 3 and time.monotonic() - started < 4        # it relayed until the deadline, then stopped
+    await asyncio.sleep(0.3)
+    assert up.closed_at is not None and up.closed_at - started < 4
+    await assert_uncharged(gw, account)
+
+
+async def test_a_stream_silent_past_the_total_deadline_is_a_502(hostile_gw):
+    gw, up, key, account = await hostile_gw(silent_stream, total_timeout_seconds=0.5)    # first byte: 120 s
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.openai(key, timeout=15).chat.completions.create(
+            model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err.value.status_code == 502 and "in time" in err.value.message
+    assert time.monotonic() - started < 3
+    await assert_uncharged(gw, account)
+
+
+async def test_a_stream_refused_with_a_dripping_error_body_meets_the_total_deadline(hostile_gw):
+    gw, up, key, account = await hostile_gw(drip_error, total_timeout_seconds=1)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        await gw.openai(key, timeout=15).chat.completions.create(
+            model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err.value.status_code == 502 and "mid-response" in err.value.message
+    assert time.monotonic() - started < 4
+    await assert_uncharged(gw, account)
+
+
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse-event"])
 async def test_an_oversized_answer_is_dropped_with_a_502(hostile_gw, sse):
     gw, up, key, account = await hostile_gw(flood(6, sse), max_response_mb=2, max_event_mb=2)
@@ -172,3 +227,27 @@ async def test_the_operator_log_keeps_the_upstream_error_text_but_not_the_key(fa
     (line,) = [line for line in log.splitlines() if "upstream_error_text" in line]
     assert "X-Other: Bearer abcdefgh12345678" in line and '"status":400' in line     # the full text, to debug with
     assert "sk-test-upstream" not in log                                            # never the provider's key
+
+
+async def test_a_deadline_is_asyncio_timeout_at_with_one_timer():
+    """The first-byte wait's Deadline ends as `asyncio.timeout_at` would: TimeoutError when it
+    passes, nothing when the work is done in time, and a cancellation from outside stays one;
+    the task is never left cancelling."""
+    from providers.base import Deadline
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        with Deadline(loop, loop.time() + 0.05):
+            await asyncio.sleep(5)
+    assert asyncio.current_task().cancelling() == 0
+    with Deadline(loop, loop.time() + 5):
+        await asyncio.sleep(0.01)
+    assert asyncio.current_task().cancelling() == 0
+
+    async def waits():
+        with Deadline(loop, loop.time() + 5):
+            await asyncio.sleep(5)
+    task = asyncio.create_task(waits())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

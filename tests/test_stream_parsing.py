@@ -142,6 +142,12 @@ class Content:
         self.got += self.pieces[0]
         return self.pieces.pop(0)
 
+    async def readany(self):        # as aiohttp's reader: the next piece, b"" at the end
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return b""
+
 
 def cut(raw: bytes, rng: random.Random) -> list[bytes]:
     points = sorted(rng.sample(range(1, len(raw)), min(len(raw) - 1, rng.randint(0, 6)))) if len(raw) > 1 else []
@@ -184,6 +190,8 @@ async def test_batched_parsing_matches_the_event_at_a_time_parser(provider, monk
         Resp.content = content
 
         class Request:
+            end = None          # no total deadline
+
             def __init__(self, *a, **k):
                 pass
 

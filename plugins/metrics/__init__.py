@@ -91,7 +91,7 @@ def _labels(ctx: CallContext) -> tuple[str, str]:
     route = ctx.route
     if route is not None:
         return route.model.id, route.provider.name
-    return ctx.request.app[METRICS].model(ctx.model_id), m.NONE
+    return ctx.app[METRICS].model(ctx.model_id), m.NONE
 
 
 class CallSeries:

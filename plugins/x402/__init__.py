@@ -83,7 +83,7 @@ async def _stop_background(app: web.Application):
 
 def paywall_for(ctx: CallContext) -> Paywall | None:
     fmt = ctx.format
-    paywall = ctx.request.app.get(PAYWALL)
+    paywall = ctx.app.get(PAYWALL)
     if ctx.principal is not None or not getattr(fmt, "accepts_x402", False) or not paywall or not paywall.enabled:
         return None
     return paywall
@@ -96,7 +96,7 @@ async def gateway_reserve(ctx: CallContext):
         return None
     _, tokens_in, cap = ctx.pricer.reserve(ctx)
     amount, description = ctx.pricer.x402_price(ctx)
-    app = ctx.request.app
+    app = ctx.app
     resource = paywall.resource(ctx.request.path, description)
     accepted = await paywall.accept(ctx.request.headers, amount, discounts=True, resource=resource,
                                     ref=ctx.call_id, store=app[STORE], http=app[HTTP], metered=True,
@@ -111,7 +111,7 @@ async def gateway_settle(ctx: CallContext):
     if hold is None or hold.kind != "x402" or hold.settled:
         return
     hold.settled = True
-    app, accepted, paywall = ctx.request.app, hold.data["accepted"], hold.data["paywall"]
+    app, accepted, paywall = ctx.app, hold.data["accepted"], hold.data["paywall"]
     cost = ctx.pricer.charge(ctx)[1]
     if ctx.outcome != OK:
         await paywall.release(accepted, app[STORE])
@@ -142,7 +142,7 @@ def used_units(ctx: CallContext, accepted: Accepted, markup: Fraction) -> int:
 
 
 async def _settle_used(ctx: CallContext, paywall: Paywall, accepted: Accepted, cost: int) -> None:
-    app, offer = ctx.request.app, accepted.offer
+    app, offer = ctx.app, accepted.offer
     units = used_units(ctx, accepted, paywall.settings.upto_markup)
     asset = f"{offer.asset.symbol} on {offer.requirement['network']}"
     ceiling = f"${usd(offer.usd_paid_micro):.6f}"
