@@ -278,12 +278,11 @@ class _Request:
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
+            self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers,
+                                        timeout=self.p.timeout if self.wait is None else self.p.stream_timeout)
             if self.wait is None:           # the provider's total deadline is the only bound
-                self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers, timeout=self.p.timeout)
                 self._resp = await self._cm.__aenter__()
             else:
-                self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers,
-                                            timeout=self.p.stream_timeout)
                 loop = asyncio.get_running_loop()
                 now = loop.time()
                 self.end = total_deadline(now, self.p.limits.total)

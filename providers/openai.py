@@ -214,6 +214,15 @@ class OpenAIProvider(HTTPProvider):
             yield ToolCallDelta(ordinal[index], fragment)
 
 
+def text_of(string: bytes) -> str | None:
+    """A chunk's content string (JSON, quotes included) as text; None if it is not one string."""
+    try:
+        text = loads(string)
+    except JSONDecodeError:
+        return None
+    return text if text.__class__ is str else None
+
+
 class ChunkParser(StreamParser):
     """Chat-completions stream chunks -> canonical events, a network read's worth at a time."""
 
@@ -239,47 +248,24 @@ class ChunkParser(StreamParser):
     def feed(self, events) -> tuple[list[StreamEvent], BaseException | None]:
         head = self.head
         if head is not None and len(events) == 1:     # a read of one chunk (a stream as it is generated):
-            data, string = events[0][1], None         # a template chunk's string parsed alone, no lists
-            if data.startswith(head):                 # (matched as the loop below matches, parsed as _run parses)
-                tail, closing = self.tail, self.closing
-                if closing is None:
-                    if data.endswith(tail):
-                        string = data[len(head):len(data) - len(tail)]
-                elif data.endswith(closing):
-                    value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1
-                    end = value - len(tail)
-                    if (end >= len(head) and data[value:len(data) - len(closing)].isalnum()
-                            and data.startswith(tail, end)):
-                        string = data[len(head):end]
-            if string is not None:
-                try:
-                    text = loads(string)
-                except JSONDecodeError:
-                    text = None
-                if text.__class__ is str:
-                    return ([TextDelta(text)] if text else []), None
+            data = events[0][1]                       # a template chunk's string parsed alone, no lists
+            string = self._content_string(data) if data.startswith(head) else None
+            text = None if string is None else text_of(string)
+            if text is not None:
+                return ([TextDelta(text)] if text else []), None
             # anything else: the loop reads it as ever
         out: list[StreamEvent] = []
         append = out.append
         run: list[bytes] = []       # the template's chunks in a row
         strings: list[bytes] = []   # the content string of each, as sent
         try:
-            head, tail, closing = self.head, self.tail, self.closing
             for _, data in events:
                 if head is not None and data.startswith(head):
-                    if closing is None:
-                        if data.endswith(tail):
-                            run.append(data)
-                            strings.append(data[len(head):len(data) - len(tail)])
-                            continue
-                    elif data.endswith(closing):        # the tail, a letters-and-digits value, the closing bytes
-                        value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1    # after its opening quote
-                        end = value - len(tail)
-                        if (end >= len(head) and data[value:len(data) - len(closing)].isalnum()
-                                and data.startswith(tail, end)):
-                            run.append(data)
-                            strings.append(data[len(head):end])
-                            continue
+                    string = self._content_string(data)
+                    if string is not None:
+                        run.append(data)
+                        strings.append(string)
+                        continue
                     self.misses -= 1        # text chunks whose tails differ (a field that changes
                     if not self.misses:     # every chunk other than OpenAI's `obfuscation`): no template
                         self.head = head = None
@@ -313,12 +299,27 @@ class ChunkParser(StreamParser):
                         self.finish = choice["finish_reason"]
                 if head is None and self.tries and TextDelta is (out[-1].__class__ if out else None):
                     self._learn(data, chunk)
-                    head, tail, closing = self.head, self.tail, self.closing
+                    head = self.head
             if run:
                 self._run(run, strings, out)
         except Exception as exc:       # the events before it still go out, then the error
             return out, exc
         return out, None
+
+    def _content_string(self, data: bytes) -> bytes | None:
+        """The content string of a chunk that starts with the template's head, when the rest
+        is the template's tail (with OpenAI's letters-and-digits `obfuscation` value before the
+        closing bytes, when the template has them); else None."""
+        head, tail, closing = self.head, self.tail, self.closing
+        if closing is None:
+            return data[len(head):len(data) - len(tail)] if data.endswith(tail) else None
+        if not data.endswith(closing):
+            return None
+        value = data.rfind(b'"', len(head), len(data) - len(closing)) + 1       # after its opening quote
+        end = value - len(tail)
+        if end >= len(head) and data[value:len(data) - len(closing)].isalnum() and data.startswith(tail, end):
+            return data[len(head):end]
+        return None
 
     def _run(self, run: list[bytes], strings: list[bytes], out: list[StreamEvent]) -> None:
         """Template chunks in a row: their `strings` (what lies between the template's bytes)
@@ -326,11 +327,8 @@ class ChunkParser(StreamParser):
         has one string per chunk), they are a TextRun; else the chunks are parsed whole, one by
         one, as any other."""
         if len(run) == 1:           # a read of one chunk (a stream as it is generated): its string alone
-            try:
-                text = loads(strings[0])
-            except JSONDecodeError:
-                text = None
-            if text.__class__ is str:
+            text = text_of(strings[0])
+            if text is not None:
                 if text:
                     out.append(TextDelta(text))
                 return
