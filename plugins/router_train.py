@@ -17,9 +17,10 @@ Everything is first fitted on the train split; on the validation split it then f
 temperature per cut so the chances are calibrated and picks the route-up thresholds (one per
 tier below frontier): the most exact that keep validation's under-routing one standard error
 below `--max-under`. Validation's figure is a sample (about 0.4 points of standard error on
-3,000 requests) and the thresholds are the best of many tried on it, so thresholds chosen at the
-bound itself land above it on new requests about half the time; the margin is for that. The shipped model is refitted the same way on train and validation together, with
-those choices. The test split is never read here. The folds run in parallel processes.
+3,000 requests) and the thresholds are the best of many tried on it, so thresholds chosen at
+the bound itself land above it on new requests about half the time; the margin is for that.
+The shipped model is refitted the same way on train and validation together, with those
+choices. The test split is never read here. The folds run in parallel processes.
 """
 from __future__ import annotations
 
@@ -278,8 +279,8 @@ def train(data: Path, out: Path, max_under: float, steps: int = STEPS) -> dict:
     probs = probabilities(np, margins, temperatures)
     bound = under_bound(max_under, len(valid_items))
     route_up, valid, curve = choose_route_up(np, probs, y, bound)
-    meta = {"temperatures": temperatures, "route_up": route_up, "route_up_bound": round(bound, 4), "l2": L2, "min_count": MIN_COUNT, "soft": SOFT,
-            "soft_items": len(soft), "folds": FOLDS, "trees": TREES,
+    meta = {"temperatures": temperatures, "route_up": route_up, "route_up_bound": round(bound, 4), "l2": L2,
+            "min_count": MIN_COUNT, "soft": SOFT, "soft_items": len(soft), "folds": FOLDS, "trees": TREES,
             "trained_on": len(train_items) + len(valid_items),
             "validation": {"items": len(valid_items), **valid,
                            "likeliest_exact": round(float((probs.argmax(1) == y).mean()), 3),

@@ -132,7 +132,7 @@ def _client_urls(job: ImageJob | VideoJob, fields) -> list[tuple[str, str]]:
 
 def media_route(ctx: CallContext, model_id: str, requested: str | None = None) -> Route:
     """A Route to catalog media model `model_id`, with its validated job and its pricer."""
-    app = ctx.request.app
+    app = ctx.app
     endpoint: MediaEndpoint = ctx.format
     model = app[MEDIA].catalog.get(model_id)
     if model is None or model.kind != endpoint.kind:
@@ -168,7 +168,7 @@ async def serve_media(ctx: CallContext) -> web.StreamResponse:
 
 
 async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
-    app, job, model, provider = ctx.request.app, ctx.media, ctx.route.model, ctx.route.provider
+    app, job, model, provider = ctx.app, ctx.media, ctx.route.model, ctx.route.provider
     settings, allow = app[MEDIA].settings, app[MEDIA].allow_private
     cap = settings.max_reference_mb * MB
     wait = settings.reference_timeout_seconds
@@ -203,7 +203,7 @@ async def _produce(ctx: CallContext) -> list[dict[str, Any]]:
 
 async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any]:
     """Copy a result into the artifact store (or keep its bytes for b64_json)."""
-    app, endpoint = ctx.request.app, ctx.format
+    app, endpoint = ctx.app, ctx.format
     data, content_type = file.data, file.content_type
     if data is None:
         limit = MAX_RESULT_BYTES[endpoint.kind]
@@ -220,7 +220,7 @@ async def _keep(ctx: CallContext, file: MediaFile, allow: bool) -> dict[str, Any
 
 
 def _render(ctx: CallContext, endpoint: MediaEndpoint, files: list[dict[str, Any]]) -> dict[str, Any]:
-    base = ctx.request.app[CONFIG].server.public_url
+    base = ctx.app[CONFIG].server.public_url
     if endpoint.kind == "image":
         data = [{"b64_json": f["b64_json"]} if "b64_json" in f else {"url": base + f["path"]} for f in files]
         return {"created": int(time.time()), "data": data, "billing": ctx.billing}

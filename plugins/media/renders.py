@@ -28,7 +28,7 @@ log = structlog.get_logger("media")
 def tracked(ctx):
     """Around a provider's render: its upstream job is recorded with the call's hold (or
     its payment)."""
-    book = (ctx.hold and ctx.hold.jobs) or ctx.request.app[STORE].ledger
+    book = (ctx.hold and ctx.hold.jobs) or ctx.app[STORE].ledger
 
     async def track(job: dict | None) -> None:
         await book.note_job(ctx.call_id, orjson.dumps(job).decode() if job else None)
