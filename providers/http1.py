@@ -188,12 +188,11 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
         self.pool._lost(self)
-        if resp is not None:
-            error = error or ServerDisconnected("the connection was closed")
-            if not self.head.done():
-                self.head.set_exception(error)
-            else:
-                resp._fail(error)
+        head = self.head
+        if head is not None and not head.done():
+            head.set_exception(error or ServerDisconnected("the connection was closed"))
+        elif resp is not None:
+            resp._fail(error or ServerDisconnected("the connection was closed"))
 
     def pause(self) -> None:
         self.paused = True
@@ -294,8 +293,10 @@ class Connection(asyncio.Protocol):
         if self.interim:
             self.interim = False
             return
+        if self.error is not None:
+            return
         resp, self.response = self.response, None
-        if resp is None or self.error is not None:
+        if resp is None:
             return
         if not self._end_body(resp):
             self.error = MalformedResponse("a compressed body cut short")
