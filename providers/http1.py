@@ -36,6 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 MAX_UNREAD = 1 << 20          # unread body bytes at which reading the socket pauses
 USER_AGENT = f"Python/{sys.version_info[0]}.{sys.version_info[1]} gateway"
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 
 class HTTPError(Exception):
@@ -65,7 +66,7 @@ class Response:
     def __init__(self, conn: "Connection"):
         self.status = 0
         self.reason = ""
-        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self.headers: CIMultiDictProxy[str] = _NO_HEADERS
         self.content_length: int | None = None
         self._conn: Connection | None = conn
         self._chunks: list[bytes] = []
@@ -87,16 +88,17 @@ class Response:
     async def readany(self) -> bytes:
         if self._error is not None:
             raise self._error
-        if self._chunks:
-            return self._take()
-        if self._done:
-            return b""
-        self._waiter = waiter = self._conn.loop.create_future()
-        try:
-            data = await waiter
-        finally:
-            self._waiter = None
-        return data + self._take() if self._chunks else data
+        if not self._chunks:
+            if self._done:
+                return b""
+            self._waiter = waiter = self._conn.loop.create_future()
+            try:
+                await waiter            # woken once per network read that brought body bytes
+            finally:
+                self._waiter = None
+            if not self._chunks:
+                return b""
+        return self._take()
 
     async def read(self) -> bytes:
         if self._done and self._error is None:
@@ -130,21 +132,14 @@ class Response:
             conn.resume()
         return data
 
-    def _feed(self, data: bytes) -> None:
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(data)
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > MAX_UNREAD and not self._done:
-            self._conn.pause()
+            waiter.set_result(None)
 
     def _finish(self) -> None:
         self._done = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(b"")
+        self._wake()
 
     def _fail(self, error: BaseException) -> None:
         if not self._done:
@@ -208,12 +203,13 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:           # bytes nobody asked for: the connection is unusable
+        resp = self.response
+        if resp is None:                    # bytes nobody asked for: the connection is unusable
             self.close()
             return
         self.received = True
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(data)     # (the body's pieces go to resp._chunks)
         except httptools.HttpParserUpgrade:
             self._abort(MalformedResponse("an upgrade to another protocol"))
         except httptools.HttpParserError as exc:
@@ -221,6 +217,10 @@ class Connection(asyncio.Protocol):
         else:
             if self.error is not None:
                 self._abort(self.error)
+            elif resp._chunks:
+                if resp._size > MAX_UNREAD and not resp._done and not self.paused:
+                    self.pause()
+                resp._wake()
 
     def eof_received(self) -> None:
         return None       # the transport closes; connection_lost ends a close-delimited body
@@ -258,7 +258,7 @@ class Connection(asyncio.Protocol):
             return
         headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw])
         resp.status = status
-        resp.reason = self.reason.decode("latin-1")
+        resp.reason, self.reason = self.reason.decode("latin-1"), b""
         resp.headers = CIMultiDictProxy(headers)
         length = headers.get("Content-Length")
         if length is not None:
@@ -277,9 +277,11 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         resp = self.response
-        if resp is None or self.error is not None:
+        if resp is None:
             return
         if resp._decoder is not None:
+            if self.error is not None:
+                return
             try:
                 body = resp._decoder.decompress(body)
             except zlib.error:
@@ -287,7 +289,8 @@ class Connection(asyncio.Protocol):
                 return
             if not body:
                 return
-        resp._feed(body)
+        resp._chunks.append(body)
+        resp._size += len(body)
 
     def on_message_complete(self) -> None:
         if self.interim:
@@ -314,7 +317,7 @@ class Connection(asyncio.Protocol):
             except zlib.error:
                 tail = b""
             if tail:
-                resp._feed(tail)
+                resp._chunks.append(tail)
             if not decoder.eof:
                 resp._fail(MalformedResponse("a compressed body cut short"))
                 return False
@@ -382,10 +385,10 @@ class Pool:
                 raise
 
     async def _acquire(self, origin: _Origin, connect_timeout: float | None) -> Connection:
-        if self.closed:
-            raise HTTPError("the gateway is shutting down")
         loop = self.loop
         while True:
+            if self.closed:
+                raise HTTPError("the gateway is shutting down")
             idle = origin.idle
             while idle:
                 conn = idle.pop()
@@ -400,8 +403,12 @@ class Pool:
             try:
                 conn = await waiter
             except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
-                    self._release(waiter.result())          # handed over as this caller left
+                if waiter.done() and not waiter.cancelled():     # handed a connection or a slot as it left
+                    passed = waiter.result()
+                    if passed is not None:
+                        self._release(passed)
+                    else:
+                        self._wake(origin)
                 raise
             if conn is not None and not conn.closed:
                 conn.reused = True
@@ -456,6 +463,9 @@ class Pool:
     def _release(self, conn: Connection) -> None:
         """An answer read to its end: the connection serves a waiting caller or waits idle."""
         origin = conn.origin
+        if self.closed:
+            conn.close()
+            return
         if conn.paused:
             conn.resume()
         while origin.waiters:

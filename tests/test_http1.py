@@ -16,6 +16,7 @@ from aiohttp import web
 from providers.http1 import HTTPError, InvalidHeader, MalformedResponse, Pool, ServerDisconnected
 from tests.conftest import DEMO_MODELS, UPSTREAM_PRICES, openai_upstream
 from tests.fakes import FakeOpenAIChat, Reply
+from tests.servers import unavailable
 
 OK_JSON = b'{"ok": true}'
 
@@ -158,6 +159,18 @@ async def test_a_server_closing_an_idle_connection_does_not_fail_the_next_call(p
     await up.stop()
 
 
+async def test_an_idle_connection_is_dropped_after_the_keepalive_time():
+    pool = Pool(keepalive=0.1)
+    up = await upstream()
+    assert await call(pool, up.url()) == (200, OK_JSON)
+    await asyncio.sleep(0.3)
+    assert up.open == 0                       # the pool closed it
+    assert await call(pool, up.url()) == (200, OK_JSON)
+    assert up.connections == 2
+    await pool.close()
+    await up.stop()
+
+
 async def test_connection_close_from_the_server_is_honoured(pool):
     up = await upstream(answer(OK_JSON, "Connection: close"), answer(), answer())
     for _ in range(3):
@@ -220,7 +233,7 @@ async def test_a_refused_connection_is_an_os_error(pool):
 def certificate(tmp_path_factory):
     """A self-signed certificate for localhost and 127.0.0.1 (made with the openssl command)."""
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed (scripts/test installs it)")
+        unavailable("the openssl command", "openssl")
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
