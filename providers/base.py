@@ -7,7 +7,8 @@ A provider is a pure translator plus a little declarative API data:
 - `error_message(body)`           the human text inside the upstream's error body
 
 `HTTPProvider` owns everything else once: URL, headers, the app's pool of upstream
-connections (providers/http1.py), timeouts, status mapping and SSE framing. A new upstream overrides only what differs.
+connections (providers/http1.py), timeouts, status mapping and SSE framing. A new
+upstream overrides only what differs.
 What every remote provider shares to survive a hostile upstream (deadlines, a cap on
 what is read, malformed answers, secrets in error text) lives in `RemoteProvider` and
 providers/guard.py.
@@ -384,9 +385,9 @@ class SSEReader:
     moves forward, not a timer armed and cancelled per read: when it fires early it waits
     again for the latest deadline, and when a read has really waited that long it fails the
     read. Time spent between reads (writing to a slow client) never counts. The same timer
-    keeps the call's total deadline `end` (loop time), which aiohttp would otherwise keep with
-    a timer context entered on every read: a read waiting when it passes fails, and so does
-    any read after it. `close()` drops the timer.
+    keeps the call's total deadline `end` (loop time), rather than a timer context entered
+    on every read: a read waiting when it passes fails, and so does any read after it.
+    `close()` drops the timer.
     """
 
     def __init__(self, content: Response, provider: str, limits: UpstreamLimits | None = None,
