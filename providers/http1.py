@@ -27,7 +27,6 @@ import ssl
 import sys
 import zlib
 from collections import deque
-from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -93,9 +92,11 @@ class Response:
                 return b""
             self._waiter = waiter = self._conn.loop.create_future()
             try:
-                await waiter            # woken once per network read that brought body bytes
+                data = await waiter     # a network read's bytes, or None (the end, or an error)
             finally:
                 self._waiter = None
+            if data is not None:
+                return data + self._take() if self._chunks else data
             if not self._chunks:
                 return b""
         return self._take()
@@ -218,9 +219,14 @@ class Connection(asyncio.Protocol):
             if self.error is not None:
                 self._abort(self.error)
             elif resp._chunks:
-                if resp._size > MAX_UNREAD and not resp._done and not self.paused:
+                waiter = resp._waiter
+                if waiter is not None and not waiter.done():      # a read waits: hand it the bytes
+                    chunks = resp._chunks
+                    waiter.set_result(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                    chunks.clear()
+                    resp._size = 0
+                elif resp._size > MAX_UNREAD and not resp._done and not self.paused:
                     self.pause()
-                resp._wake()
 
     def eof_received(self) -> None:
         return None       # the transport closes; connection_lost ends a close-delimited body
