@@ -526,6 +526,7 @@ class Pool:
                 waiter = origin.waiters.popleft()
                 if not waiter.done():
                     waiter.set_result(None)
+        await asyncio.sleep(0)          # the aborted sockets close on the loop's next turn
 
     # -- tracing -------------------------------------------------------------------
     async def _traced(self, url: str, body: bytes, headers: dict[str, str], connect_timeout: float | None
