@@ -163,15 +163,12 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self.counted = False       # holds one of its origin's slots
-        self.reused = False
-        self.received = False      # a byte of the current request's answer arrived
         self.idle_since = 0.0
 
     def request(self, data: bytes) -> asyncio.Future:
         """Send a whole request; -> a future of its Response (at its headers)."""
         self.response = Response(self)
         self.head = head = self.loop.create_future()
-        self.received = False
         self.transport.write(data)
         return head
 
@@ -208,7 +205,6 @@ class Connection(asyncio.Protocol):
         if resp is None:                    # bytes nobody asked for: the connection is unusable
             self.close()
             return
-        self.received = True
         try:
             self.parser.feed_data(data)     # (the body's pieces go to resp._chunks)
         except httptools.HttpParserUpgrade:
@@ -377,18 +373,15 @@ class Pool:
         target = self.targets.get(url) or self._target(url)
         origin = target[0]
         data = target[1] + _header_lines(headers, len(body)) + body
-        while True:
-            conn = await self._acquire(origin, connect_timeout)
-            try:
-                return await conn.request(data)
-            except ServerDisconnected:
-                if not conn.reused or conn.received:
-                    raise
-                # A kept-alive connection the server closed as the request went out, before
-                # any byte of an answer: the request goes again, on another connection.
-            except BaseException:
-                conn.close()
-                raise
+        conn = await self._acquire(origin, connect_timeout)
+        try:
+            return await conn.request(data)
+        except BaseException:
+            # Never sent again, even on a kept-alive connection closed before any byte of an
+            # answer: the server may have read it (RFC 9112 9.3.1: a POST is not retried by
+            # itself). The client sees a 502, which the SDKs retry; nothing is charged.
+            conn.close()
+            raise
 
     async def _acquire(self, origin: _Origin, connect_timeout: float | None) -> Connection:
         loop = self.loop
@@ -399,7 +392,6 @@ class Pool:
             while idle:
                 conn = idle.pop()
                 if not conn.closed and loop.time() - conn.idle_since < self.keepalive:
-                    conn.reused = True
                     return conn
                 conn.close()
             if origin.count < self.limit:
@@ -417,7 +409,6 @@ class Pool:
                         self._wake(origin)
                 raise
             if conn is not None and not conn.closed:
-                conn.reused = True
                 return conn
 
     async def _connect(self, origin: _Origin, timeout: float | None) -> Connection:

@@ -149,13 +149,24 @@ async def test_gzip_and_deflate_bodies_are_decoded_and_other_encodings_refused(p
 
 
 async def test_a_server_closing_an_idle_connection_does_not_fail_the_next_call(pool):
-    up = await upstream((answer(), "close"), answer(), (answer(), "close"))
+    up = await upstream((answer(), "close"), answer())
     assert await call(pool, up.url()) == (200, OK_JSON)
     await asyncio.sleep(0.05)                   # the close arrives while the connection is idle
     assert await call(pool, up.url()) == (200, OK_JSON)
-    assert await call(pool, up.url()) == (200, OK_JSON)   # closed as the next request leaves: sent again
+    assert up.connections == 2 and len(up.requests) == 2
+    await up.stop()
+
+
+async def test_a_post_is_never_sent_twice(pool):
+    """A kept-alive connection closed after the server read the request, before any byte of
+    an answer: the call fails (the server may have acted on it) and is not sent again."""
+    up = await upstream(answer(), (b"", "close"), answer())
     assert await call(pool, up.url()) == (200, OK_JSON)
-    assert up.connections == 3 and len(up.requests) == 4
+    with pytest.raises(ServerDisconnected):
+        await call(pool, up.url())
+    assert len(up.requests) == 2                # the second request reached the server once
+    assert await call(pool, up.url()) == (200, OK_JSON)
+    assert up.connections == 2 and len(up.requests) == 3
     await up.stop()
 
 
