@@ -33,7 +33,8 @@ from plugins.formats.base import SSE_HEADERS, ClientFormat, json_response, opena
 from plugins.redis_link import redis_url
 from plugins.serving import serve
 from plugins.storage import collect_migrations, leases, open_storage
-from providers.base import UpstreamError
+from providers.base import HTTPProvider, UpstreamError
+from providers.http1 import Pool
 from providers.types import (
     Flush, ReasoningDelta, StreamEnd, TextDelta, TextRun, ToolCallDelta, Usage, estimate_tokens, measure_input,
 )
@@ -81,20 +82,26 @@ async def _database(app: web.Application):
 
 
 async def _http_session(app: web.Application):
-    # One session for every upstream call; per-provider timeouts are set per request.
+    # Chat calls go through one lean pool of kept-alive connections (providers/http1.py);
+    # every other upstream call through one session. Per-provider timeouts are set per request.
     connector = aiohttp.TCPConnector(limit=1000, limit_per_host=500, ttl_dns_cache=300)
     traces = [tc for found in app[PM].hook.gateway_client_trace_configs(app=app) for tc in found or ()]
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
                                     json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=True,
                                     trace_configs=traces or None)
+    pool = Pool(limit_per_origin=500, keepalive=15.0, trace_configs=traces)
     app[HTTP] = session
     app[PROVIDERS] = {p.name: app[PROVIDER_TYPES][p.type](p, session) for p in app[CONFIG].providers.values()}
+    for provider in app[PROVIDERS].values():
+        if isinstance(provider, HTTPProvider):
+            provider.pool = pool
     missing = {name: p.config.unset_env.get("api_key") or f"providers.{name}.api_key"
                for name, p in app[PROVIDERS].items() if p.unavailable_reason()}
     log.info("providers", ready=[name for name in app[PROVIDERS] if name not in missing])
     if missing:        # their models are unlisted and refused until the operator sets what is named
         log.warning("providers_without_keys", set=missing)
     yield
+    await pool.close()
     await session.close()
 
 

@@ -89,9 +89,10 @@ def gateway_register_readiness_checks(app, register):
 
 @hookspec
 def gateway_client_trace_configs(app):
-    """App start, when the shared upstream ClientSession is made. Return a list of
-    `aiohttp.TraceConfig` to attach to it (e.g. spans per upstream request), or None.
-    All run."""
+    """App start, when the shared upstream ClientSession and the chat calls' connection pool
+    are made. Return a list of `aiohttp.TraceConfig` to attach to both (e.g. spans per
+    upstream request: the pool sends their request start, end and exception signals), or
+    None. All run."""
 
 
 @hookspec

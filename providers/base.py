@@ -6,8 +6,9 @@ A provider is a pure translator plus a little declarative API data:
 - `parse_stream(events, req)`     upstream SSE events -> canonical stream events
 - `error_message(body)`           the human text inside the upstream's error body
 
-`HTTPProvider` owns everything else once: URL, headers, the shared ClientSession,
-timeouts, status mapping and SSE framing. A new upstream overrides only what differs.
+`HTTPProvider` owns everything else once: URL, headers, the app's pool of upstream
+connections (providers/http1.py), timeouts, status mapping and SSE framing. A new
+upstream overrides only what differs.
 What every remote provider shares to survive a hostile upstream (deadlines, a cap on
 what is read, malformed answers, secrets in error text) lives in `RemoteProvider` and
 providers/guard.py.
@@ -28,6 +29,7 @@ from plugins.errors import GatewayError, bad_request
 from .guard import (  # noqa: F401  (UpstreamError is imported from here by the providers)
     UpstreamError, UpstreamLimits, answer_shape, check_response, check_usage, read_capped, scrubber,
 )
+from .http1 import HTTPError, MalformedResponse, Pool, Response
 
 from .types import FLUSH, ChatRequest, ChatResponse, OtherPart, StreamEnd, StreamEvent
 
@@ -153,14 +155,9 @@ class HTTPProvider(RemoteProvider):
     path: ClassVar[str] = "/chat/completions"
     emits_flush: ClassVar[bool] = True    # the relay may gather events until a Flush
     Settings = HTTPSettings
-
-    def __init__(self, config, http):
-        super().__init__(config, http)
-        # Header waits and body gaps are bounded per read (see guard.read_capped, SSEReader).
-        self.timeout = self.limits.client_timeout()
-        # A stream's total deadline is kept by its reader (see _Request), not by aiohttp, whose
-        # total deadline costs a timer context on every read.
-        self.stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect)
+    # The app's upstream connections for chat calls (set where the app makes its shared
+    # ClientSession, which the provider's other calls use as `http`).
+    pool: Pool | None = None
 
     # -- declarative bits a subclass overrides --------------------------------------
     def headers(self) -> dict[str, str]:
@@ -250,7 +247,7 @@ class HTTPProvider(RemoteProvider):
         wait = self.limits.first_byte if first_byte else None
         return _Request(self, self.url(req, model.upstream), body, headers, wait)
 
-    def _error(self, resp: aiohttp.ClientResponse, raw: bytes) -> UpstreamError:
+    def _error(self, resp: Response, raw: bytes) -> UpstreamError:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -260,51 +257,67 @@ class HTTPProvider(RemoteProvider):
 
 
 class _Request:
-    """`async with` a POST, turning transport failures (connecting or reading) into
-    UpstreamError (502). `wait` bounds the time to the response headers (a stream's
-    first-byte deadline); the provider's total deadline bounds everything. Leaving with
-    an error closes the upstream connection rather than returning it to the pool.
-
-    For a stream (`wait` set) the total deadline is `end` (loop time, set as aiohttp would
-    set it), which bounds the wait for the headers here and the reads in SSEReader; aiohttp
-    is not given it, as it would enter a timer context on every read."""
+    """`async with` a POST through the provider's pool, turning transport failures
+    (connecting or reading) into UpstreamError (502). The provider's total deadline (`end`,
+    loop time, reckoned as aiohttp did) bounds everything; `wait` bounds the time to the
+    response headers (a stream's first-byte deadline). For a stream the total deadline is
+    then kept by its SSEReader; for a JSON answer one timer keeps it to the end of the
+    block. Leaving before the answer's end, or with an error, closes the connection rather
+    than returning it to the pool."""
 
     def __init__(self, provider: HTTPProvider, url: str, body: bytes, headers: dict[str, str],
                  wait: float | None = None):
         self.p, self.url, self.body, self.headers, self.wait = provider, url, body, headers, wait
-        self._cm = None
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: Response | None = None
+        self._total: Deadline | None = None
         self.end: float | None = None
 
-    async def __aenter__(self) -> aiohttp.ClientResponse:
+    async def __aenter__(self) -> Response:
+        p = self.p
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.end = end = total_deadline(now, p.limits.total)
+        when = end if self.wait is None else now + self.wait if end is None else min(now + self.wait, end)
+        deadline = None if when is None else Deadline(loop, when)
         try:
-            self._cm = self.p.http.post(self.url, data=self.body, headers=self.headers,
-                                        timeout=self.p.timeout if self.wait is None else self.p.stream_timeout)
-            if self.wait is None:           # the provider's total deadline is the only bound
-                self._resp = await self._cm.__aenter__()
-            else:
-                loop = asyncio.get_running_loop()
-                now = loop.time()
-                self.end = total_deadline(now, self.p.limits.total)
-                first_byte = now + self.wait
-                with Deadline(loop, first_byte if self.end is None else min(first_byte, self.end)):
-                    self._resp = await self._cm.__aenter__()
-            return self._resp
-        except asyncio.TimeoutError:
-            raise UpstreamError(502, f"{self.p.name} did not answer in time", code="upstream_timeout") from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(502, f"could not reach {self.p.name}: {exc.__class__.__name__}") from None
+            self._resp = await p.pool.post(self.url, self.body, self.headers, p.limits.connect)
+        except BaseException as exc:
+            if deadline is not None and deadline.left(exc.__class__):
+                raise UpstreamError(502, f"{p.name} did not answer in time", code="upstream_timeout") from None
+            error = _failed(p.name, exc, mid_response=False)
+            if error is None:
+                raise
+            raise error from None
+        if self.wait is None:
+            self._total = deadline          # goes on bounding the body
+        elif deadline is not None:
+            deadline.left(None)
+        return self._resp
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and self._resp is not None:
+        if self._resp is not None:
             self._resp.close()
-        if self._cm is not None:
-            await self._cm.__aexit__(exc_type, exc, tb)
         # The body can fail after the headers arrived: that too is the upstream failing.
+        total, self._total = self._total, None
+        if total is not None and total.left(exc_type):
+            exc_type = asyncio.TimeoutError
         if exc_type is not None and issubclass(exc_type, asyncio.TimeoutError):
             raise UpstreamError(502, f"{self.p.name} stopped answering mid-response", code="upstream_timeout") from None
-        if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
-            raise UpstreamError(502, f"{self.p.name} connection broke mid-response: {exc_type.__name__}") from None
+        if exc_type is not None and issubclass(exc_type, HTTPError):
+            raise _failed(self.p.name, exc, mid_response=True) from None
+
+
+def _failed(provider: str, exc: BaseException, mid_response: bool) -> UpstreamError | None:
+    """A transport failure as the client sees it; None for anything else."""
+    if isinstance(exc, MalformedResponse):
+        return UpstreamError(502, f"{provider} sent an answer the gateway cannot read: {exc}")
+    if isinstance(exc, asyncio.TimeoutError):       # connecting took longer than its deadline
+        return UpstreamError(502, f"{provider} did not answer in time", code="upstream_timeout")
+    if isinstance(exc, (HTTPError, OSError)):        # (ssl errors are OSErrors)
+        if mid_response:
+            return UpstreamError(502, f"{provider} connection broke mid-response: {exc.__class__.__name__}")
+        return UpstreamError(502, f"could not reach {provider}: {exc.__class__.__name__}")
+    return None
 
 
 class Deadline:
@@ -328,9 +341,13 @@ class Deadline:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.timer.cancel()
-        if self.expired and self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
+        if self.left(exc_type):
             raise asyncio.TimeoutError from exc
+
+    def left(self, exc_type) -> bool:
+        """The block is left (with `exc_type` or None); -> True if that is the deadline passing."""
+        self.timer.cancel()
+        return self.expired and self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError
 
 
 def total_deadline(now: float, total: float) -> float | None:
@@ -368,12 +385,12 @@ class SSEReader:
     moves forward, not a timer armed and cancelled per read: when it fires early it waits
     again for the latest deadline, and when a read has really waited that long it fails the
     read. Time spent between reads (writing to a slow client) never counts. The same timer
-    keeps the call's total deadline `end` (loop time), which aiohttp would otherwise keep with
-    a timer context entered on every read: a read waiting when it passes fails, and so does
-    any read after it. `close()` drops the timer.
+    keeps the call's total deadline `end` (loop time), rather than a timer context entered
+    on every read: a read waiting when it passes fails, and so does any read after it.
+    `close()` drops the timer.
     """
 
-    def __init__(self, content: aiohttp.StreamReader, provider: str, limits: UpstreamLimits | None = None,
+    def __init__(self, content: Response, provider: str, limits: UpstreamLimits | None = None,
                  end: float | None = None):
         self.content = content
         self.provider = provider
@@ -424,7 +441,7 @@ class SSEReader:
                     finally:
                         self.reading = False
                     self.wait = self.idle
-            except aiohttp.ClientError as exc:
+            except HTTPError as exc:
                 raise UpstreamError(502, f"{self.provider} connection broke mid-stream: "
                                          f"{exc.__class__.__name__}") from None
             if not data:                        # the end of the stream

@@ -8,8 +8,8 @@ is imported and the pipeline's stage spans are one shared no-op.
 
 On: a server span per request, a child span per pipeline stage, a span for the upstream
 work of a call with the GenAI semantic-convention attributes, and under it a client span
-per upstream HTTP request (an aiohttp TraceConfig given to the shared session through
-`gateway_client_trace_configs`). See otel.py.
+per upstream HTTP request (an aiohttp TraceConfig given to the shared session and the chat
+calls' connection pool through `gateway_client_trace_configs`). See otel.py.
 """
 from __future__ import annotations
 
