@@ -1,4 +1,4 @@
-"""The gateway core: app factory, cleanup contexts, middlewares, the chat pipeline, the
+"""The gateway core: app factory, cleanup contexts, its middleware, the chat pipeline, the
 SSE relay and the CLI. Everything a user could want to swap is a plugin (plugins/).
 
 Pipeline of one chat call (each stage a hook, awaited in pluggy order):
@@ -23,7 +23,8 @@ import config as config_mod
 from config.check import check as check_config
 from plugins import acall_all, get_plugin_manager, logs, workers
 from plugins.appstate import (
-    BACKGROUND, CONFIG, FORMATS, HTTP, NO_SPANS, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, SPANS, STORE,
+    BACKGROUND, CONFIG, FORMATS, HTTP, NO_SPANS, OPTIONS_ANSWERS, PM, PROVIDER_TYPES, PROVIDERS, REQUEST_ID, SPANS,
+    STORE,
 )
 from plugins.context import CLIENT_GONE, FAILED, OK, CallContext, new_id
 from plugins.errors import NOT_RETRYABLE, GatewayError, StartupError
@@ -48,8 +49,9 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 def create_app(cfg: config_mod.Config, *, plugins_dir: str | None = None, pm=None) -> web.Application:
     pm = pm or get_plugin_manager(cfg.plugins, plugins_dir)
-    app = web.Application(middlewares=[request_context, errors_to_json], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[gateway_layer], client_max_size=MAX_BODY_BYTES)
     app[CONFIG], app[PM], app[BACKGROUND], app[SPANS] = cfg, pm, set(), NO_SPANS
+    app[OPTIONS_ANSWERS] = []
 
     types: dict[str, type] = {}
     pm.hook.gateway_register_providers(register=lambda cls: types.setdefault(cls.type_name, cls))
@@ -113,10 +115,36 @@ async def _background_tasks(app: web.Application):
         await asyncio.gather(*app[BACKGROUND], return_exceptions=True)
 
 
-# ---- middlewares ---------------------------------------------------------------
+# ---- the gateway's own layer ------------------------------------------------------
 
 @web.middleware
-async def request_context(request: web.Request, handler):
+async def gateway_layer(request: web.Request, handler):
+    """The core's one middleware around every request: its id and log context, the answer
+    to an OPTIONS request a plugin gives (a CORS preflight), and errors as JSON. One frame,
+    not one per concern: a call's handler is resumed several times, and every resume passes
+    through each frame above it. Each concern is a plain function."""
+    begin_request(request)
+    try:
+        response = options_answer(request) if request.method == "OPTIONS" else None
+        if response is None:
+            response = await handler(request)
+    except Exception as exc:
+        response = error_answer(request, exc)
+        if response is None:
+            raise
+    return response
+
+
+def options_answer(request: web.Request) -> web.StreamResponse | None:
+    """The first answer a plugin gives to an OPTIONS request (a CORS preflight), if any."""
+    for answer in request.app[OPTIONS_ANSWERS]:
+        response = answer(request)
+        if response is not None:
+            return response
+    return None
+
+
+def begin_request(request: web.Request) -> None:
     """Every request gets the gateway's own id: the `X-Request-Id` answered, the logs'
     `request_id` and, for a call, its usage row's id (unique, so never the client's). An id
     the client sent (`X-Request-Id` or `X-Client-Request-Id`) is logged beside it."""
@@ -127,33 +155,29 @@ async def request_context(request: web.Request, handler):
         logs.REQUEST_FIELDS.set({"request_id": request_id, "path": request.path, "client_request_id": client_id[:128]})
     else:
         logs.REQUEST_FIELDS.set({"request_id": request_id, "path": request.path})
-    return await handler(request)
 
 
-@web.middleware
-async def errors_to_json(request: web.Request, handler):
+def error_answer(request: web.Request, exc: Exception) -> web.Response | None:
     """Outside the chat pipeline (which renders its own format's errors): every error is
-    OpenAI-shaped JSON, and nothing ever leaks a traceback."""
-    try:
-        return await handler(request)
-    except GatewayError as err:
-        body = err.body if err.body is not None else openai_error_body(err)
-        return json_response(body, err.status, err.headers)
-    except web.HTTPException as exc:
+    OpenAI-shaped JSON, and nothing ever leaks a traceback. None: not an error answer (a
+    redirect, a client that left), raised on as it is."""
+    if isinstance(exc, GatewayError):
+        body = exc.body if exc.body is not None else openai_error_body(exc)
+        return json_response(body, exc.status, exc.headers)
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            return None
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
         message = {404: f"no route {request.method} {request.path}",
                    405: f"{request.method} is not allowed on {request.path}",
                    413: f"request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MB"}.get(exc.status, exc.reason)
         return json_response(openai_error_body(GatewayError(exc.status, message, code=code)), exc.status)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled_error")
-        err = GatewayError(500, "internal error; the operator can find it in the logs by request id",
-                           type="api_error", code="internal_error")
-        return json_response(openai_error_body(err), 500)
+    if isinstance(exc, ConnectionResetError):
+        return None
+    log.exception("unhandled_error")
+    err = GatewayError(500, "internal error; the operator can find it in the logs by request id",
+                       type="api_error", code="internal_error")
+    return json_response(openai_error_body(err), 500)
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

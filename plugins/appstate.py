@@ -23,6 +23,9 @@ PROVIDER_TYPES = web.AppKey("provider_types", dict)
 FORMATS = web.AppKey("formats", dict)
 BACKGROUND = web.AppKey("background", set)
 REQUEST_ID = web.RequestKey("request_id", str)
+# Plain functions request -> a response or None, asked in order for an OPTIONS request
+# before its handler (in the core's middleware); the first response is the answer.
+OPTIONS_ANSWERS = web.AppKey("options_answers", list)
 CLOCK = web.AppKey("clock", object)      # a callable -> Unix time; tests replace it to move the date
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import hookimpl
+from .appstate import OPTIONS_ANSWERS
 
 ALLOW_HEADERS = ("Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, "
                  "PAYMENT-SIGNATURE, X-PAYMENT, X-Request-Id")
@@ -30,13 +31,12 @@ def gateway_configure(app, config):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
 
-    @web.middleware
-    async def preflight(request: web.Request, handler):
-        if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
-            return await handler(request)
+    def preflight(request: web.Request) -> web.Response | None:
+        if "Access-Control-Request-Method" not in request.headers:
+            return None
         return web.Response(status=204, headers={"Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                                                  "Access-Control-Allow-Headers": ALLOW_HEADERS,
                                                  "Access-Control-Max-Age": "86400"})
 
     app.on_response_prepare.append(add_headers)
-    app.middlewares.append(preflight)
+    app[OPTIONS_ANSWERS].append(preflight)       # asked by the core's middleware, for OPTIONS requests only

@@ -98,6 +98,46 @@ async def test_unknown_routes_and_methods_are_json(gw):
             assert r.status == 405 and "GET is not allowed" in (await r.json())["error"]["message"]
 
 
+async def test_plugin_routes_and_middlewares_sit_inside_the_core_layer(start_gateway):
+    """A plugin's route that fails unexpectedly is a 500 in the OpenAI shape with a request
+    id; a plugin's own middleware still wraps calls; OPTIONS without a CORS preflight's
+    header is an ordinary request (405 here), and a preflight is answered on any path."""
+    from aiohttp import web
+
+    from plugins import get_plugin_manager, hookimpl
+
+    class Broken:
+        @hookimpl
+        def gateway_register_routes(self, register, config):
+            async def boom(request):
+                raise RuntimeError("a plugin bug")
+            register("GET", "/plugin/boom", boom)
+
+        @hookimpl
+        def gateway_configure(self, app, config):
+            @web.middleware
+            async def stamp(request, handler):
+                response = await handler(request)
+                response.headers["X-Stamped"] = "yes"
+                return response
+            app.middlewares.append(stamp)
+
+    pm = get_plugin_manager()
+    pm.register(Broken(), "broken")
+    gw = await start_gateway(pm=pm)
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{gw.url}/plugin/boom") as r:
+            assert r.status == 500 and (await r.json())["error"]["code"] == "internal_error"
+            assert r.headers["X-Request-Id"] and "x-should-retry" not in r.headers
+        async with s.post(f"{gw.url}/api/v1/chat/completions", data=b"{") as r:
+            assert r.status == 400 and r.headers["X-Stamped"] == "yes" and r.headers["x-should-retry"] == "false"
+        async with s.options(f"{gw.url}/api/v1/chat/completions") as r:
+            assert r.status == 405 and (await r.json())["error"]["code"] == "method_not_allowed"
+        async with s.options(f"{gw.url}/nowhere", headers={"Origin": "https://a.example",
+                                                          "Access-Control-Request-Method": "POST"}) as r:
+            assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "*" and r.headers["X-Request-Id"]
+
+
 async def test_provider_without_key_names_the_variable(start_gateway, monkeypatch):
     monkeypatch.delenv("SOME_PROVIDER_KEY", raising=False)
     gw = await start_gateway({"providers": {"acme": {"type": "openai", "base_url": "https://acme.invalid/v1",

@@ -151,6 +151,47 @@ async def test_the_metrics_token(start_gateway, monkeypatch):
     assert await scrape(gw.url, token="s3cret-scrape")
 
 
+def test_counts_kept_until_a_scrape_read_as_if_counted_at_once():
+    """One process keeps a call's counts beside each child until a scrape: once flushed,
+    the samples (every histogram bucket, sums, counters, a gauge) are what prometheus-client
+    shows for the same counts made directly; before the flush, the child has none of them."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from plugins.metrics.instruments import LATENCY_BUCKETS, Pending, PendingHistogram
+
+    def family(prefix: str, registry):
+        return (Counter(f"{prefix}_c", "c", ["a"], registry=registry).labels("x"),
+                Histogram(f"{prefix}_h", "h", ["a"], buckets=LATENCY_BUCKETS, registry=registry).labels("x"),
+                Gauge(f"{prefix}_g", "g", registry=registry))
+
+    direct, kept = CollectorRegistry(), CollectorRegistry()
+    counter, histogram, gauge = family("m", direct)
+    children = family("m", kept)
+    pending = (Pending(children[0]), PendingHistogram(children[1]), Pending(children[2]))
+    # Binary fractions: the sum is exact in any order. 0.005 and 300.0 sit on bounds, 1000 past them all.
+    for value in (0.0, 0.005, 0.0078125, 0.25, 0.25, 3.0, 300.0, 1000.0):
+        for sink in (histogram, pending[1]):
+            sink.observe(value)
+    for amount in (1, 40, 7):
+        for sink in (counter, pending[0]):
+            sink.inc(amount)
+    for sink in (gauge, pending[2]):
+        sink.inc()
+        sink.inc()
+        sink.dec()
+
+    def samples(registry) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+    assert samples(kept) != samples(direct)          # nothing handed over yet
+    for each in pending:
+        each.flush()
+    assert samples(kept) == samples(direct)
+    for each in pending:
+        each.flush()                                 # a second scrape adds nothing
+    assert samples(kept) == samples(direct)
+
+
 async def test_workers_add_up(tmp_path):
     """20 calls over 20 connections, spread by the kernel over two workers: any worker's
     scrape counts all 20. The shared folder is the supervisor's and goes with it."""

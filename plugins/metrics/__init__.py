@@ -73,6 +73,7 @@ async def scrape(request: web.Request) -> web.Response:
     if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + token):
         raise GatewayError(401, "/metrics needs the metrics token: Authorization: Bearer <metrics.token>",
                            code="invalid_metrics_token", headers={"WWW-Authenticate": "Bearer"})
+    m.flush()             # the counts kept since the last scrape, first
     folder = os.environ.get(DIR_VARIABLE)
     if folder:            # several workers: sum every worker's files (file reads: off the event loop)
         body = await asyncio.to_thread(_collect_all, folder)
