@@ -33,6 +33,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 MAX_UNREAD = 1 << 20          # unread body bytes at which reading the socket pauses
+MAX_HEAD = 64 * 1024          # bytes an answer may send before its headers end (the parser buffers them)
 USER_AGENT = f"Python/{sys.version_info[0]}.{sys.version_info[1]} gateway"
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -160,6 +161,7 @@ class Connection(asyncio.Protocol):
         self.reason = b""
         self.interim = False
         self.error: HTTPError | None = None
+        self.head_bytes = 0
         self.paused = False
         self.closed = False
         self.counted = False       # holds one of its origin's slots
@@ -169,6 +171,7 @@ class Connection(asyncio.Protocol):
         """Send a whole request; -> a future of its Response (at its headers)."""
         self.response = Response(self)
         self.head = head = self.loop.create_future()
+        self.head_bytes = 0
         self.transport.write(data)
         return head
 
@@ -214,6 +217,10 @@ class Connection(asyncio.Protocol):
         else:
             if self.error is not None:
                 self._abort(self.error)
+            elif not self.head.done():      # still in the headers: a hostile upstream's endless ones end here
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD:
+                    self._abort(MalformedResponse(f"headers longer than {MAX_HEAD // 1024} KB"))
             elif resp._chunks:
                 waiter = resp._waiter
                 if waiter is not None and not waiter.done():      # a read waits: hand it the bytes

@@ -211,6 +211,18 @@ async def test_a_malformed_answer_is_refused(pool):
     await up.stop()
 
 
+async def test_endless_headers_are_refused_and_not_buffered(pool):
+    """A hostile upstream that never ends its headers (one endless header, or very many):
+    the call fails once 64 KB have come without the headers ending, however long it goes on."""
+    endless_value = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200_000
+    many_headers = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: aaaaaaaa\r\n" * 20_000
+    up = await upstream(endless_value, many_headers)
+    for _ in range(2):
+        with pytest.raises(MalformedResponse, match="headers longer than 64 KB"):
+            await call(pool, up.url())
+    await up.stop()
+
+
 @pytest.mark.parametrize("header", [{"X-Note": "a\r\nX-Injected: 1"}, {"X-Note": "a\nb"}, {"X\rInjected": "1"}])
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(pool, header):
     up = await upstream()
