@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from . import acall_all, acall_first, around, logs
+from . import acall_all, around, each_for, first_for, logs
 from .appstate import NO_SPANS, PM, REQUEST_ID, SPANS, spawn, utc_today
 from .context import OK, CallContext
 from .errors import GatewayError, bad_request, model_not_available, model_retired
@@ -70,18 +70,18 @@ async def run_stages(ctx: CallContext, spans) -> None:
     """Everything before the upstream call; raises GatewayError to refuse."""
     hook = ctx.app[PM].hook
     with spans.stage("authenticate"):
-        ctx.principal = await acall_first(hook.gateway_authenticate, ctx=ctx)
+        ctx.principal = await first_for(hook.gateway_authenticate, ctx)
     with spans.stage("admit"):
-        await acall_all(hook.gateway_admit, ctx=ctx)
+        await each_for(hook.gateway_admit, ctx)
     with spans.stage("moderate"):
-        await acall_all(hook.gateway_moderate, ctx=ctx)
+        await each_for(hook.gateway_moderate, ctx)
     with spans.stage("route"):
-        ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
+        ctx.route = await first_for(hook.gateway_select_route, ctx)
         if ctx.route is None:
             raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
         check_servable(ctx)
     with spans.stage("reserve"):
-        ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
+        ctx.hold = await first_for(hook.gateway_reserve, ctx)
         if ctx.hold is None:
             raise GatewayError(402, "this call cannot be paid for: send an API key")
 
@@ -204,9 +204,9 @@ async def _settle_and_record(ctx: CallContext) -> None:
     hook = ctx.app[PM].hook
     with ctx.app[SPANS].stage("settle"):
         try:
-            await acall_all(hook.gateway_settle, ctx=ctx)
+            await each_for(hook.gateway_settle, ctx)
         finally:
-            await acall_all(hook.gateway_record_usage, ctx=ctx)
+            await each_for(hook.gateway_record_usage, ctx)
             log_call(ctx)
 
 

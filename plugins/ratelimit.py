@@ -133,14 +133,15 @@ def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) ->
 
 
 @hookimpl
-async def gateway_record_usage(ctx: CallContext):
-    """Give back the tokens a call reserved but did not use."""
+def gateway_record_usage(ctx: CallContext):
+    """Give back the tokens a call reserved but did not use (the store's coroutine, or None)."""
     taken: Bucket | None
     taken, ctx.rate_taken = ctx.rate_taken, None
     if taken is None:
-        return
+        return None
     used = 0
     if ctx.billing:
         used = ctx.billing.get("input_tokens_billed", 0) + ctx.billing.get("output_tokens_billed", 0)
     if taken.cost > used:
-        await ctx.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))
+        return ctx.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))
+    return None
