@@ -121,10 +121,9 @@ async def finish(ctx: CallContext) -> None:
         ctx.finish_task = _SETTLING
         try:
             await _carry(ctx, _settle_and_record(ctx))
-        except asyncio.CancelledError:
-            raise                       # the settlement goes on in ctx.finish_task
         except BaseException as exc:
-            ctx.finish_task = _Settled(exc)
+            if ctx.finish_task is _SETTLING:    # else a cancelled caller: the settlement goes on in that task
+                ctx.finish_task = _Settled(exc)
             raise
         ctx.finish_task = _SETTLED
     elif done.__class__ is _Settled:

@@ -165,3 +165,17 @@ async def test_with_traces_on_the_settlement_keeps_its_own_task():
     settler.gate.set_result("ok")
     await first
     assert settler.events == ["settle", "got ok", "record"]
+
+
+async def test_a_settlement_that_is_itself_cancelled_stays_so():
+    settler = Settler(wait="future")
+    ctx = call(settler)
+    first = asyncio.create_task(finish(ctx))
+    await asyncio.sleep(0)
+    settler.gate.cancel()                               # what it waits on is cancelled, not its caller
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    with pytest.raises(asyncio.CancelledError):
+        await finish(ctx)                               # again: the same outcome, nothing run twice
+    assert settler.events == ["settle", "settle cancelled", "record"]
+    assert not ctx.app[BACKGROUND]
