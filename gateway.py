@@ -4,7 +4,7 @@ SSE relay and the CLI. Everything a user could want to swap is a plugin (plugins
 Pipeline of one chat call (each stage a hook, awaited in pluggy order):
     parse (format) -> authenticate -> admit -> moderate -> route -> reserve
     -> provider (JSON or stream relay) -> settle -> record usage
-Settlement always runs exactly once, in a tracked task, even if the client leaves.
+Settlement always runs exactly once, and completes even if the client leaves.
 """
 from __future__ import annotations
 

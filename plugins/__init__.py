@@ -221,6 +221,29 @@ async def acall_all(hook, **kw) -> list:
     return results
 
 
+# The pipeline's hooks take the call alone (`ctx`), so their impls take it or nothing: these
+# two pass it without an argument dict per dispatch (about ten dispatches a call).
+
+async def first_for(hook, ctx):
+    """`acall_first(hook, ctx=ctx)` for a hook whose one argument is the call."""
+    for function, one, _ in _impls(hook):
+        res = function(ctx) if one is not None else function()
+        if res is not None and hasattr(res, "__await__"):
+            res = await res
+        if res is not None:
+            return res
+    return None
+
+
+async def each_for(hook, ctx) -> None:
+    """`acall_all(hook, ctx=ctx)` for a hook whose one argument is the call, when nobody
+    reads the results."""
+    for function, one, _ in _impls(hook):
+        res = function(ctx) if one is not None else function()
+        if res is not None and hasattr(res, "__await__"):
+            await res
+
+
 def has_impls(hook) -> bool:
     return bool(hook.get_hookimpls())
 

@@ -16,10 +16,12 @@ SMART = "svc/smart"
 
 
 @hookimpl(specname="gateway_admit")
-async def refuse_private_image_urls(ctx: CallContext):
-    """Chat image URLs whose host resolves into a private network: 400 naming the field."""
-    if ctx.chat is not None:
-        await check_image_hosts(ctx.chat)
+def refuse_private_image_urls(ctx: CallContext):
+    """Chat image URLs whose host resolves into a private network: 400 naming the field. A
+    coroutine only for a chat with images (`input_images` counts every image part)."""
+    if ctx.chat is not None and ctx.input_images:
+        return check_image_hosts(ctx.chat)
+    return None
 
 
 @hookimpl(tryfirst=True)

@@ -82,5 +82,5 @@ async def authenticate_request(request) -> Principal | None:
 
 
 @hookimpl(trylast=True)
-async def gateway_authenticate(ctx: CallContext):
-    return await authenticate_request(ctx.request)
+def gateway_authenticate(ctx: CallContext):
+    return authenticate_request(ctx.request)        # its coroutine, awaited by the pipeline

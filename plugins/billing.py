@@ -77,12 +77,17 @@ def note_for(ctx: CallContext, charged: int, free_use: int) -> str:
 
 
 @hookimpl
-async def gateway_settle(ctx: CallContext):
+def gateway_settle(ctx: CallContext):
     """Price the call, split it between credits and the allowance, render its billing
-    block and usage row, then apply all of it in one transaction."""
+    block and usage row, then apply all of it in one transaction (a coroutine; None, without
+    one, for a call not held in credits)."""
     hold = ctx.hold
     if hold is None or hold.kind != "credits" or hold.settled:
-        return
+        return None
+    return _settle_counted(ctx, hold)
+
+
+async def _settle_counted(ctx: CallContext, hold: Hold) -> None:
     try:
         await _settle(ctx, hold)
     finally:

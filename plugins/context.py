@@ -114,7 +114,7 @@ class CallContext:
     created_at: int = field(default_factory=lambda: int(time.time()))   # Unix time, for response bodies
     rate_taken: Any = None             # rate-limit tokens to give back once usage is known
     usage_written: bool = False        # the usage row was written (with the settlement)
-    finish_task: Any = None            # the one settle-and-record task (plugins.pipeline.finish)
+    finish_task: Any = None            # how the one settle-and-record went or goes (plugins.pipeline.finish)
     state: dict[str, Any] = field(default_factory=dict)      # free space for third-party plugins
 
     @property

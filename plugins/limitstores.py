@@ -59,37 +59,53 @@ class MemoryLimits:
         self.windows: dict[str, deque] = {}                   # windows: key -> times of the takes
         self.clock = clock
 
-    def _level(self, b: Bucket, now: float) -> tuple[float, float]:
-        """-> (what is left now, seconds until `b.cost` would fit)."""
+    def _left(self, b: Bucket, now: float) -> float:
+        """What is left of `b` now (a window's old takes dropped). How long until `b.cost`
+        would fit (`_wait`) is asked only of a limit that refuses."""
         if b.window:
-            takes = self.windows.setdefault(b.key, deque())
-            while takes and takes[0] <= now - WINDOW_SECONDS:
+            takes = self.windows.get(b.key)
+            if takes is None:
+                takes = self.windows[b.key] = deque()
+            edge = now - WINDOW_SECONDS
+            while takes and takes[0] <= edge:
                 takes.popleft()
-            left = b.capacity - len(takes)
-            return left, (takes[0] + WINDOW_SECONDS - now) if left < b.cost and takes else 0.0
-        tokens, updated = self.buckets.get(b.key, (b.capacity, now))
-        left = min(b.capacity, tokens + (now - updated) * b.capacity / 60.0)
-        return left, (b.cost - left) * 60.0 / b.capacity
+            return b.capacity - len(takes)
+        held = self.buckets.get(b.key)
+        if held is None:                # never taken from (or given back to): full
+            return b.capacity
+        tokens, updated = held
+        return min(b.capacity, tokens + (now - updated) * b.capacity / 60.0)
+
+    def _wait(self, b: Bucket, left: float, now: float) -> float:
+        if b.window:
+            takes = self.windows[b.key]
+            return (takes[0] + WINDOW_SECONDS - now) if left < b.cost and takes else 0.0
+        return (b.cost - left) * 60.0 / b.capacity
 
     async def take(self, buckets):
         now = self.clock()
         levels = []
         for i, b in enumerate(buckets):
-            left, wait = self._level(b, now)
+            left = self._left(b, now)
             levels.append(left)
             if left < b.cost:
-                return Admission(i, levels, wait)
+                return Admission(i, levels, self._wait(b, left, now))
+        after = []
         for b, left in zip(buckets, levels):
             if b.window:
-                self.windows[b.key].extend([now] * int(b.cost))
+                takes = self.windows[b.key]
+                if b.cost == 1:
+                    takes.append(now)
+                else:
+                    takes.extend([now] * int(b.cost))
             else:
                 self.buckets[b.key] = (left - b.cost, now)
-        return Admission(None, [left - b.cost for b, left in zip(buckets, levels)])
+            after.append(left - b.cost)
+        return Admission(None, after)
 
     async def give_back(self, bucket):
         now = self.clock()
-        left, _ = self._level(bucket, now)
-        self.buckets[bucket.key] = (min(bucket.capacity, left + bucket.cost), now)
+        self.buckets[bucket.key] = (min(bucket.capacity, self._left(bucket, now) + bucket.cost), now)
 
     async def close(self):
         pass

@@ -101,18 +101,22 @@ def flagged(category: str, how: str) -> GatewayError:
 
 
 @hookimpl
-async def gateway_moderate(ctx: CallContext):
+def gateway_moderate(ctx: CallContext):
+    """The rules at once; the provider's check, when there is one, as a coroutine."""
     mod: Moderation = ctx.app[MODERATION]
     if not mod.rules and not mod.provider:
-        return
+        return None
     text = texts(ctx)
     for category, pattern in mod.rules:
         if pattern.search(text):
             raise flagged(category, "rules")
-    if mod.provider:
-        category = await _ask_upstream(ctx, mod, text)
-        if category:
-            raise flagged(category, "provider")
+    return _check_upstream(ctx, mod, text) if mod.provider else None
+
+
+async def _check_upstream(ctx: CallContext, mod: Moderation, text: str) -> None:
+    category = await _ask_upstream(ctx, mod, text)
+    if category:
+        raise flagged(category, "provider")
 
 
 async def _ask_upstream(ctx: CallContext, mod: Moderation, text: str) -> str | None:

@@ -5,7 +5,7 @@
 
 `run_call` owns the order, error rendering and settlement; an endpoint supplies only how to
 prepare its call and how to serve it. `finish` settles and records a call exactly once, in
-a tracked task that survives a cancelled handler.
+the handler's own task; a cancelled handler leaves the rest of it to a tracked task.
 
 The call id is the request id the client sees (`X-Request-Id`), the id in the per-call log
 line and the usage row's id. Each stage runs inside a span of the app's `SPANS` (nothing
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
+from functools import partial
 
 import structlog
 
@@ -21,8 +23,8 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from . import acall_all, acall_first, around, logs
-from .appstate import PM, REQUEST_ID, SPANS, spawn, utc_today
+from . import acall_all, around, each_for, first_for, logs
+from .appstate import NO_SPANS, PM, REQUEST_ID, SPANS, spawn, utc_today
 from .context import OK, CallContext
 from .errors import GatewayError, bad_request, model_not_available, model_retired
 from .formats.base import ClientFormat, read_json
@@ -68,18 +70,18 @@ async def run_stages(ctx: CallContext, spans) -> None:
     """Everything before the upstream call; raises GatewayError to refuse."""
     hook = ctx.app[PM].hook
     with spans.stage("authenticate"):
-        ctx.principal = await acall_first(hook.gateway_authenticate, ctx=ctx)
+        ctx.principal = await first_for(hook.gateway_authenticate, ctx)
     with spans.stage("admit"):
-        await acall_all(hook.gateway_admit, ctx=ctx)
+        await each_for(hook.gateway_admit, ctx)
     with spans.stage("moderate"):
-        await acall_all(hook.gateway_moderate, ctx=ctx)
+        await each_for(hook.gateway_moderate, ctx)
     with spans.stage("route"):
-        ctx.route = await acall_first(hook.gateway_select_route, ctx=ctx)
+        ctx.route = await first_for(hook.gateway_select_route, ctx)
         if ctx.route is None:
             raise bad_request(f"model {ctx.model_id!r} is not served here", param="model")
         check_servable(ctx)
     with spans.stage("reserve"):
-        ctx.hold = await acall_first(hook.gateway_reserve, ctx=ctx)
+        ctx.hold = await first_for(hook.gateway_reserve, ctx)
         if ctx.hold is None:
             raise GatewayError(402, "this call cannot be paid for: send an API key")
 
@@ -104,21 +106,106 @@ async def succeeded(ctx: CallContext) -> None:
 
 
 async def finish(ctx: CallContext) -> None:
-    """Settle and record once, in a tracked task that survives a cancelled handler."""
-    if ctx.finish_task is None:
+    """Settle and record once. The settlement runs inside the calling task, without a task of
+    its own, and survives that task's cancellation: it then goes on in a tracked task (see
+    `_carry`). A later call gives the same outcome again (waits for it, or raises its error)."""
+    done = ctx.finish_task
+    if done is None:
         if ctx.upstream_started:
             ctx.upstream_seconds = time.monotonic() - ctx.upstream_started
-        ctx.finish_task = spawn(ctx.app, _settle_and_record(ctx))
-    await asyncio.shield(ctx.finish_task)
+        if ctx.app[SPANS] is not NO_SPANS:
+            # Traces on: the settle span is entered and left in one task's context, so it keeps its own task.
+            ctx.finish_task = spawn(ctx.app, _settle_and_record(ctx))
+            await asyncio.shield(ctx.finish_task)
+            return
+        ctx.finish_task = _SETTLING
+        try:
+            await _carry(ctx, _settle_and_record(ctx))
+        except BaseException as exc:
+            if ctx.finish_task is _SETTLING:    # else a cancelled caller: the settlement goes on in that task
+                ctx.finish_task = _Settled(exc)
+            raise
+        ctx.finish_task = _SETTLED
+    elif done.__class__ is _Settled:
+        if done.error is not None:
+            raise done.error
+    else:                               # a task (traces on, or the settlement outlived a cancelled caller)
+        await asyncio.shield(done)
+
+
+class _Settled:
+    """How a settlement run inside its caller ended (`error`: what it raised): what a later
+    `finish` of the same call gives again."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+_SETTLED = _Settled()
+_SETTLING = _Settled(RuntimeError("finish was called again while its settlement was running"))
+
+
+@types.coroutine
+def _carry(ctx: CallContext, coro):
+    """Step the settlement `coro` inside the calling task, as a task would step it. The caller
+    waits on a future of its own that follows each one the settlement waits on, so a cancelled
+    caller cancels only that future: the settlement goes on from where it is in a tracked task
+    (`ctx.finish_task`, drained at shutdown), and the caller gets its CancelledError at once,
+    as it would through `asyncio.shield`."""
+    try:
+        waiting = coro.send(None)
+        while True:
+            try:
+                if waiting is None:     # a bare yield (asyncio.sleep(0)): the loop's next turn
+                    yield
+                else:
+                    follower = waiting.get_loop().create_future()
+                    waiting.add_done_callback(partial(_follow, follower))
+                    yield from follower
+            except asyncio.CancelledError:
+                ctx.finish_task = spawn(ctx.app, _rest(coro, waiting))
+                raise
+            waiting = coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _follow(follower: asyncio.Future, _) -> None:
+    if not follower.done():             # not cancelled with its caller
+        follower.set_result(None)
+
+
+async def _rest(coro, waiting):
+    return await _forward(coro, waiting)
+
+
+@types.coroutine
+def _forward(coro, waiting):
+    """What a task does with a coroutine, from where `_carry` left it: wait, then step it,
+    until it returns (a cancellation of this task goes into the coroutine, as a task's would)."""
+    while True:
+        try:
+            yield waiting
+        except BaseException as exc:
+            try:
+                waiting = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            waiting = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
 
 
 async def _settle_and_record(ctx: CallContext) -> None:
     hook = ctx.app[PM].hook
     with ctx.app[SPANS].stage("settle"):
         try:
-            await acall_all(hook.gateway_settle, ctx=ctx)
+            await each_for(hook.gateway_settle, ctx)
         finally:
-            await acall_all(hook.gateway_record_usage, ctx=ctx)
+            await each_for(hook.gateway_record_usage, ctx)
             log_call(ctx)
 
 

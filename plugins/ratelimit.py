@@ -15,7 +15,7 @@ ride on the key's next admission).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -48,6 +48,18 @@ class Limits:
     per_key: Rule
     per_address: Rule
     store: LimitStore
+    key_names: dict[int, tuple[str, str]] = field(default_factory=dict)    # key id -> its rpm and tpm limits' names
+
+    def names(self, request: web.Request, principal) -> tuple[str, str]:
+        """The names of the rpm and tpm limits of a call's key (made once per key) or client address."""
+        if principal is None:
+            who = f"gw:rl:{{addr:{request.remote}}}"
+            return f"{who}:rpm", f"{who}:tpm"
+        names = self.key_names.get(principal.key_id)
+        if names is None:
+            who = f"gw:rl:{{key:{principal.key_id}}}"
+            names = self.key_names[principal.key_id] = (f"{who}:rpm", f"{who}:tpm")
+        return names
 
 
 @hookimpl
@@ -101,17 +113,19 @@ def _headers(limit: float, left: float, reset: float) -> dict[str, str]:
 
 @hookimpl
 async def gateway_admit(ctx: CallContext):
-    who, rules = _who(ctx.request, ctx.principal)
+    limits, p = ctx.app[LIMITS], ctx.principal
+    rules = limits.per_key if p is not None else limits.per_address
     rpm, tpm = rules.rpm, rules.tpm
     tokens = _tokens(ctx)
+    if not rpm and not (tpm and tokens):
+        return
+    rpm_name, tpm_name = limits.names(ctx.request, p)
     buckets = []
     if rpm:
-        buckets.append(Bucket(f"{who}:rpm", 1, float(rpm), True))      # a window
+        buckets.append(Bucket(rpm_name, 1, float(rpm), True))      # a window
     if tpm and tokens:
-        buckets.append(Bucket(f"{who}:tpm", tokens, float(tpm)))
-    if not buckets:
-        return
-    got = await ctx.app[LIMITS].store.take(buckets)
+        buckets.append(Bucket(tpm_name, tokens, float(tpm)))
+    got = await limits.store.take(buckets)
     if got.refused is not None:
         refused = buckets[got.refused]
         kind, limit = ("requests", rpm) if refused.key.endswith(":rpm") else ("tokens", tpm)
@@ -133,14 +147,15 @@ def _refuse(kind: str, limit: float, left: float, wait: float, cost: int = 1) ->
 
 
 @hookimpl
-async def gateway_record_usage(ctx: CallContext):
-    """Give back the tokens a call reserved but did not use."""
+def gateway_record_usage(ctx: CallContext):
+    """Give back the tokens a call reserved but did not use (the store's coroutine, or None)."""
     taken: Bucket | None
     taken, ctx.rate_taken = ctx.rate_taken, None
     if taken is None:
-        return
+        return None
     used = 0
     if ctx.billing:
         used = ctx.billing.get("input_tokens_billed", 0) + ctx.billing.get("output_tokens_billed", 0)
     if taken.cost > used:
-        await ctx.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))
+        return ctx.app[LIMITS].store.give_back(Bucket(taken.key, taken.cost - used, taken.capacity))
+    return None

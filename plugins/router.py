@@ -160,7 +160,9 @@ def request_text(chat: ChatRequest) -> str:
 # ---- routing -----------------------------------------------------------------------
 
 @hookimpl(tryfirst=True)
-async def gateway_select_route(ctx: CallContext):
+def gateway_select_route(ctx: CallContext):
+    """svc/smart: a media route at once, a chat route once classified (a coroutine); else None
+    without a coroutine (the hook runs on every call)."""
     if ctx.model_id != SMART or not ctx.format.allows_smart:
         return None
     settings: RouterSettings = ctx.app[ROUTER]
@@ -168,6 +170,10 @@ async def gateway_select_route(ctx: CallContext):
         return _media_route(ctx, settings)
     if not settings.tiers:
         raise bad_request("svc/smart is not configured on this gateway", param="model")
+    return _chat_route(ctx, settings)
+
+
+async def _chat_route(ctx: CallContext, settings: RouterSettings):
     difficulty, how, why = await classify(ctx.app, ctx.chat)
     route = route_to(ctx, settings.tiers[difficulty], requested=SMART)
     route.extra.update(difficulty=difficulty, classifier=how)

@@ -46,8 +46,13 @@ def mark_written(ctx: CallContext) -> None:
 
 
 @hookimpl(trylast=True)
-async def gateway_record_usage(ctx: CallContext):
+def gateway_record_usage(ctx: CallContext):
+    """The row, unless it went out with the settlement (then None, without a coroutine)."""
     if ctx.usage_written:
-        return
+        return None
+    return _record(ctx)
+
+
+async def _record(ctx: CallContext) -> None:
     await ctx.app[STORE].usage.record(row(ctx))
     mark_written(ctx)

@@ -142,3 +142,27 @@ async def test_rpm_is_a_sliding_minute_not_a_refilling_bucket(start_gateway, sha
     await asyncio.sleep(1.1)
     status, err, headers = await post(gw, "/api/v1/chat/completions", HI, key)
     assert status == 429 and 57 <= int(headers["Retry-After"]) <= 60
+
+
+async def test_the_memory_store_counts_windows_and_buckets_exactly():
+    """The in-process store, on a clock the test moves: what is left, the wait of a refusal,
+    refills, and tokens given back (never above capacity)."""
+    from plugins.limitstores import Bucket, MemoryLimits
+    now = [1000.0]
+    store = MemoryLimits(clock=lambda: now[0])
+    rpm, tpm = Bucket("k:rpm", 1, 2.0, True), Bucket("k:tpm", 90, 120.0)
+    first = await store.take([rpm, tpm])
+    assert (first.refused, first.left) == (None, [1.0, 30.0])
+    now[0] += 15.0                                       # the bucket refills 30 tokens in 15 s
+    refused = await store.take([rpm, tpm])
+    assert (refused.refused, refused.left, refused.wait) == (1, [1.0, 60.0], 15.0)   # nothing taken
+    await store.give_back(Bucket("k:tpm", 50, 120.0))
+    second = await store.take([rpm, tpm])
+    assert (second.refused, second.left) == (None, [0.0, 20.0])
+    now[0] += 30.0
+    full = await store.take([rpm])
+    assert (full.refused, full.left, full.wait) == (0, [0.0], 15.0)    # the first take leaves the window at 1060
+    await store.give_back(Bucket("k:tpm", 500, 120.0))
+    assert store.buckets["k:tpm"] == (120.0, now[0])
+    now[0] += 15.0
+    assert (await store.take([rpm])).left == [0.0]       # 1060: the first take is out of the window

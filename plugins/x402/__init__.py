@@ -90,10 +90,15 @@ def paywall_for(ctx: CallContext) -> Paywall | None:
 
 
 @hookimpl
-async def gateway_reserve(ctx: CallContext):
+def gateway_reserve(ctx: CallContext):
+    """A keyless call paid with x402: a coroutine making its hold; else None (no coroutine)."""
     paywall = paywall_for(ctx)
     if paywall is None:
         return None
+    return _reserve(ctx, paywall)
+
+
+async def _reserve(ctx: CallContext, paywall):
     _, tokens_in, cap = ctx.pricer.reserve(ctx)
     amount, description = ctx.pricer.x402_price(ctx)
     app = ctx.app
@@ -106,10 +111,15 @@ async def gateway_reserve(ctx: CallContext):
 
 
 @hookimpl
-async def gateway_settle(ctx: CallContext):
+def gateway_settle(ctx: CallContext):
+    """A call held by an x402 payment: a coroutine settling it; else None (no coroutine)."""
     hold = ctx.hold
     if hold is None or hold.kind != "x402" or hold.settled:
-        return
+        return None
+    return _settle(ctx, hold)
+
+
+async def _settle(ctx: CallContext, hold: Hold):
     hold.settled = True
     app, accepted, paywall = ctx.app, hold.data["accepted"], hold.data["paywall"]
     cost = ctx.pricer.charge(ctx)[1]
