@@ -215,18 +215,9 @@ async def serve_chat(ctx: CallContext) -> web.StreamResponse:
     return json_response(ctx.format.render(answer, ctx), headers=ctx.response_headers)
 
 
-class EventStream(web.StreamResponse):
-    """The SSE answer of a stream: its status line and headers leave with the first bytes
-    written, in one send, rather than alone at `prepare` (a send of their own)."""
-    _send_headers_immediately = False
-
-
 async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat) -> web.StreamResponse:
     """Relay a provider stream chunk by chunk. Errors before the first event are plain
-    JSON errors with their status; after it, they become the format's in-band error.
-    Nothing written waits for a later read: what a read brought is written before the next
-    one is awaited (the headers too, even when it brought nothing to write), and what came
-    before the end before the call settles. The last bytes leave with the stream's end."""
+    JSON errors with their status; after it, they become the format's in-band error."""
     events = ctx.route.provider.stream(ctx.chat, ctx.route.model).__aiter__()
     try:
         first = await events.__anext__()        # upstream errors surface here, before any byte
@@ -234,15 +225,17 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
         raise UpstreamError(502, f"{ctx.route.provider.name} sent an empty stream") from None
     ctx.first_token_seconds = time.monotonic() - ctx.started
     writer = fmt.stream_writer(ctx)
-    resp = EventStream(headers={**SSE_HEADERS, **ctx.response_headers})
-    out = await resp.prepare(request)
-    write = out.write           # the body's writer itself (resp.write is one more frame around it, per write)
+    resp = web.StreamResponse(headers={**SSE_HEADERS, **ctx.response_headers})
+    await resp.prepare(request)
     ctx.status = 200
     gather = ctx.route.provider.emits_flush    # else write every event at once
     pending: list[bytes] = []
 
+    async def send() -> None:
+        await resp.write(b"".join(pending))
+        pending.clear()
+
     item = first
-    started = False             # the first read's bytes (or the headers alone) are out
     try:
         while True:
             for ev in item if item.__class__ is list else (item,):   # a list: what one read brought
@@ -250,24 +243,18 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                     ctx.output_chars += sum(map(len, ev.texts))
                     pending.append(writer.texts(ev))
                     if not gather:
-                        await write(b"".join(pending))
-                        pending.clear()
+                        await send()
                     continue
                 if ev.__class__ is TextDelta:
                     ctx.output_chars += len(ev.text)
                 elif isinstance(ev, Flush):         # what the read brought is all here
                     if pending:
-                        await write(b"".join(pending))
-                        pending.clear()
+                        await send()
                     continue
                 elif isinstance(ev, StreamEnd):
                     ctx.usage = ev.usage or Usage(ctx.hold.input_tokens, estimate_tokens(ctx.output_chars))
                     ev.usage = ctx.usage
                     ctx.outcome = OK
-                    if pending or not (started or out.output_size):
-                        await write(b"".join(pending))      # not held while the call settles
-                        pending.clear()
-                    started = True
                     await finish(ctx)               # the last chunk carries the billing
                 elif isinstance(ev, ToolCallDelta):
                     ctx.output_chars += len(ev.arguments)
@@ -276,26 +263,19 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 chunk = writer.event(ev)
                 if chunk:
                     pending.append(chunk)
-                if pending and (not gather or isinstance(ev, StreamEnd)) and item.__class__ is not list:
-                    await write(b"".join(pending))
-                    pending.clear()
-            # A read's events leave together, in one write; those of a list that ends the
-            # stream (see Provider.stream) leave with its end, below.
-            if pending and item.__class__ is list and item[-1].__class__ is not StreamEnd:
-                await write(b"".join(pending))
+                if pending and (not gather or isinstance(ev, StreamEnd)):
+                    await send()
+            if pending and item.__class__ is list:     # a read's events leave together, in one write
+                await resp.write(b"".join(pending))
                 pending.clear()
-            if not started:
-                started = True
-                if not out.output_size:             # the first read brought nothing to write:
-                    await write(b"")                # the headers alone
             try:
                 item = await events.__anext__()
             except StopAsyncIteration:
                 if ctx.outcome != OK:
                     raise UpstreamError(502, f"{ctx.route.provider.name} ended the stream early") from None
                 break
-        # what is left (the last chunk, a same-format upstream's last frame) with the stream's end
-        await resp.write_eof(b"".join(pending))
+        if pending:                              # what followed the end (a same-format upstream's last frame)
+            await resp.write(b"".join(pending))
     except GatewayError as err:                 # upstream failed mid-stream: never charged
         ctx.outcome = FAILED
         ctx.note_error(err)
@@ -305,7 +285,6 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
             await resp.write(b"".join(pending) + writer.error(err))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
-        await resp.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
         if ctx.outcome != OK:
             ctx.outcome = CLIENT_GONE           # charge what was produced, release the rest
@@ -313,6 +292,7 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
         raise
     finally:
         await events.aclose()
+    await resp.write_eof()
     return resp
 
 

@@ -99,8 +99,7 @@ class Provider:
 
     def stream(self, req: ChatRequest, model: "ChatModel") -> AsyncIterator[StreamEvent | list[StreamEvent]]:
         """The answer's events as they arrive; a list of events is what one network read
-        brought, written together (as if followed by a Flush). A list that ends with the
-        StreamEnd is the last item (the relay writes it with the answer's end)."""
+        brought, written together (as if followed by a Flush)."""
         raise NotImplementedError
 
 
@@ -228,14 +227,13 @@ class HTTPProvider(RemoteProvider):
                     while True:
                         batch = await reader.batch()
                         events, error = parser.feed(batch) if batch else parser.end()
-                        end = events and events[-1].__class__ is StreamEnd
-                        if end:
-                            check_usage(events[-1].usage)
                         if events:
+                            if events[-1].__class__ is StreamEnd:
+                                check_usage(events[-1].usage)
                             yield events
                         if error is not None:
                             raise error
-                        if end or not batch or parser.ended:     # a list ending with a StreamEnd is the last
+                        if not batch or parser.ended:
                             return
                 finally:
                     reader.close()            # its read-deadline timer
