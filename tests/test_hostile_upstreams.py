@@ -130,6 +130,22 @@ async def test_a_stalled_stream_meets_the_idle_deadline(hostile_gw):
     await assert_uncharged(gw, account)
 
 
+async def test_what_came_before_a_stall_reaches_the_client_at_once(hostile_gw):
+    """The answer's headers and the chunk that came before a stall leave when it arrives,
+    not with a later read (nor at the idle deadline)."""
+    gw, up, key, account = await hostile_gw(stalled_stream, idle_timeout_seconds=4)
+    started = time.monotonic()
+    stream = await gw.openai(key, timeout=15).chat.completions.create(
+        model="bad/gpt", messages=[{"role": "user", "content": "hi"}], stream=True)
+    text = ""
+    async for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        if text:
+            break
+    assert text == "hel" and time.monotonic() - started < 2
+    await stream.close()
+
+
 async def drip_stream(request):
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)

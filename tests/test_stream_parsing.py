@@ -148,6 +148,14 @@ class Content:
         except StopAsyncIteration:
             return b""
 
+    def ready(self):                # as the lean client's answer: what has arrived (a piece a read), b"" at the end
+        if self.before_read:
+            self.before_read(self.got)
+        if not self.pieces:
+            return b""
+        self.got += self.pieces[0]
+        return self.pieces.pop(0)
+
 
 def cut(raw: bytes, rng: random.Random) -> list[bytes]:
     points = sorted(rng.sample(range(1, len(raw)), min(len(raw) - 1, rng.randint(0, 6)))) if len(raw) > 1 else []
@@ -424,20 +432,29 @@ async def test_the_read_deadline_counts_only_time_spent_waiting_for_the_upstream
     """One timer per stream: time between reads (the relay writing to a slow client) does not
     count, a read that waits longer than the idle deadline fails as a stalled upstream, and the
     first byte has its own (longer) deadline."""
-    import aiohttp
-    from unittest import mock
-
     from providers.guard import UpstreamLimits
-    content = aiohttp.StreamReader(mock.Mock(_reading_paused=False), 2 ** 16, loop=asyncio.get_running_loop())
+    from providers.http1 import Response
+
+    class Connection:
+        loop = asyncio.get_running_loop()
+        paused = False
+
+    content = Response(Connection())
+
+    def feed_data(data: bytes) -> None:         # a network read, as the connection hands it over
+        content._chunks.append(data)
+        if content._waiter is not None and not content._waiter.done():
+            content._waiter.set_result(content._take())
+
     limits = UpstreamLimits(first_byte=0.6, idle=0.2)
     reader = SSEReader(content, "up", limits)
     loop = asyncio.get_running_loop()
-    loop.call_later(0.4, content.feed_data, b"data: 1\n\n")         # later than idle, sooner than first byte
+    loop.call_later(0.4, feed_data, b"data: 1\n\n")                 # later than idle, sooner than first byte
     assert await reader.batch() == [("", b"1")]
     await asyncio.sleep(0.5)                                          # a slow client: not the upstream's time
-    content.feed_data(b"data: 2\n\n")
+    feed_data(b"data: 2\n\n")
     assert await reader.batch() == [("", b"2")]
-    loop.call_later(0.1, content.feed_data, b"data: 3\n\n")          # inside the deadline, which moved on
+    loop.call_later(0.1, feed_data, b"data: 3\n\n")                  # inside the deadline, which moved on
     assert await reader.batch() == [("", b"3")]
     started = loop.time()
     with pytest.raises(UpstreamError, match="stopped sending mid-stream"):
