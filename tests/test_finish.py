@@ -79,14 +79,22 @@ async def test_a_settlement_without_a_future_to_wait_on(wait):
     assert settler.events == ["settle", *(["after yield"] if wait else []), "record"]
 
 
+async def cancel_caller(ctx: CallContext, meanwhile=None) -> None:
+    """Run `finish` in a handler task, let it reach the settlement's first wait, run
+    `meanwhile()` if given, cancel the handler and see it raise CancelledError at once."""
+    handler = asyncio.create_task(finish(ctx))
+    await asyncio.sleep(0)
+    if meanwhile is not None:
+        meanwhile()
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+
+
 async def test_a_cancelled_caller_leaves_the_settlement_to_a_tracked_task():
     settler = Settler(wait="future")
     ctx = call(settler)
-    handler = asyncio.create_task(finish(ctx))
-    await asyncio.sleep(0)
-    handler.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await handler                                   # at once: the settlement still waits
+    await cancel_caller(ctx)                            # at once: the settlement still waits
     assert settler.events == ["settle"]
     task = ctx.finish_task
     assert task in ctx.app[BACKGROUND] and not task.done()
@@ -101,12 +109,8 @@ async def test_a_cancelled_caller_leaves_the_settlement_to_a_tracked_task():
 async def test_a_caller_cancelled_once_its_wait_is_over_hands_over_the_rest():
     settler = Settler(wait="future")
     ctx = call(settler)
-    handler = asyncio.create_task(finish(ctx))
-    await asyncio.sleep(0)
-    settler.gate.set_result("ok")                       # the caller's follower is resolved ...
-    handler.cancel()                                    # ... but the caller has not run yet
-    with pytest.raises(asyncio.CancelledError):
-        await handler
+    # the caller's follower is resolved, but the caller has not run yet when it is cancelled
+    await cancel_caller(ctx, lambda: settler.gate.set_result("ok"))
     await asyncio.wait_for(asyncio.shield(ctx.finish_task), 1)
     assert settler.events == ["settle", "got ok", "record"]
 
@@ -114,11 +118,7 @@ async def test_a_caller_cancelled_once_its_wait_is_over_hands_over_the_rest():
 async def test_a_caller_cancelled_at_a_bare_yield_hands_over_the_rest():
     settler = Settler(wait="yield")
     ctx = call(settler)
-    handler = asyncio.create_task(finish(ctx))
-    await asyncio.sleep(0)                              # the handler is at the settlement's yield
-    handler.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await handler
+    await cancel_caller(ctx)                            # the handler is at the settlement's yield
     await asyncio.wait_for(asyncio.shield(ctx.finish_task), 1)
     assert settler.events == ["settle", "after yield", "record"]
 
@@ -126,11 +126,7 @@ async def test_a_caller_cancelled_at_a_bare_yield_hands_over_the_rest():
 async def test_the_handed_over_settlement_is_cancelled_like_a_task():
     settler = Settler(wait="future")
     ctx = call(settler)
-    handler = asyncio.create_task(finish(ctx))
-    await asyncio.sleep(0)
-    handler.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await handler
+    await cancel_caller(ctx)
     ctx.finish_task.cancel()                            # e.g. a loop torn down: into the settlement
     with pytest.raises(asyncio.CancelledError):
         await ctx.finish_task
