@@ -65,7 +65,7 @@ DEFAULT_PLUGINS = (
     "plugins.tracing",
 )
 
-# Hooks called per request through acall_first / acall_all: never wrappers.
+# Hooks called per request through first_for / each_for / acall_all: never wrappers.
 PIPELINE_HOOKS = (
     "gateway_startup",
     "gateway_authenticate",
@@ -197,17 +197,6 @@ _ORDER: dict = {}      # hook caller -> (impl count, ordered impls as _impls giv
 # it is awaitable, inline (no wrapper coroutine per impl: this runs a few dozen times a call).
 # Most impls take one argument (ctx): that one is passed without building an argument list.
 
-async def acall_first(hook, **kw):
-    """Await impls in pluggy order; return the first non-None result (real short-circuit)."""
-    for function, one, argnames in _impls(hook):
-        res = function(kw[one]) if one is not None else function(*[kw[a] for a in argnames])
-        if res is not None and hasattr(res, "__await__"):
-            res = await res
-        if res is not None:
-            return res
-    return None
-
-
 async def acall_all(hook, **kw) -> list:
     """Await every impl in order (sequentially, so impls may build on each other's changes
     to ctx); return the non-None results."""
@@ -225,7 +214,8 @@ async def acall_all(hook, **kw) -> list:
 # two pass it without an argument dict per dispatch (about ten dispatches a call).
 
 async def first_for(hook, ctx):
-    """`acall_first(hook, ctx=ctx)` for a hook whose one argument is the call."""
+    """Await impls in pluggy order, each given the call; return the first non-None result
+    (a real short-circuit: later impls never run)."""
     for function, one, _ in _impls(hook):
         res = function(ctx) if one is not None else function()
         if res is not None and hasattr(res, "__await__"):

@@ -3,10 +3,10 @@ whether the first answer wins or all are collected, and whether it may be async.
 
 Two kinds:
 - registration hooks: sync, called once at start-up, llm-style `register` callbacks;
-- pipeline hooks: called per request through `acall_first` / `acall_all` (or, for those
-  taking `ctx` alone, `first_for` / `each_for`; see plugins/__init__.py), so they MAY be
-  `async def`, or plain functions that return an awaitable only when they have one to wait on. pluggy cannot await, so none of
-  them uses `firstresult=True` or wrappers; `check_async_safe` enforces that.
+- pipeline hooks: called per request through `first_for` / `each_for` (those taking `ctx`
+  alone) or `acall_all` (see plugins/__init__.py), so they MAY be `async def`, or plain
+  functions that return an awaitable only when they have one to wait on. pluggy cannot
+  await, so none of them uses `firstresult=True` or wrappers; `check_async_safe` enforces that.
 
 Pipeline hooks take one `ctx` (a `plugins.context.CallContext`) and signal refusal by
 raising `plugins.errors.GatewayError`.

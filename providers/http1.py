@@ -234,10 +234,7 @@ class Connection(asyncio.Protocol):
             elif resp._chunks:
                 waiter = resp._waiter
                 if waiter is not None and not waiter.done():      # a read waits: hand it the bytes
-                    chunks = resp._chunks
-                    waiter.set_result(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-                    chunks.clear()
-                    resp._size = 0
+                    waiter.set_result(resp._take())
                 elif resp._size > MAX_UNREAD and not resp._done and not self.paused:
                     self.pause()
 

@@ -10,7 +10,7 @@ import pytest
 
 import plugins
 from config import ConfigError
-from plugins import acall_all, acall_first, get_plugin_manager, hookimpl, hookspecs
+from plugins import acall_all, first_for, get_plugin_manager, hookimpl, hookspecs
 from plugins.formats.base import ClientFormat, Fields
 from providers.types import ChatRequest, Message, TextPart
 from tests.conftest import DEMO_MODELS, MICRO
@@ -112,7 +112,7 @@ async def test_a_plugin_can_authenticate_before_the_builtin(start_gateway):
     assert await gw.balance(account) < MICRO
 
 
-async def test_acall_first_short_circuits_and_acall_all_collects():
+async def test_first_for_short_circuits_and_acall_all_collects():
     pm = pluggy.PluginManager("gateway")
     pm.add_hookspecs(hookspecs)
     calls = []
@@ -131,7 +131,7 @@ async def test_acall_first_short_circuits_and_acall_all_collects():
 
     pm.register(Second())
     pm.register(First())
-    assert await acall_first(pm.hook.gateway_select_route, ctx=None) == "route-a"
+    assert await first_for(pm.hook.gateway_select_route, None) == "route-a"
     assert calls == ["first"]                       # the second impl never ran: no stray coroutine
     assert await acall_all(pm.hook.gateway_select_route, ctx=None) == ["route-a", "route-b"]
 
