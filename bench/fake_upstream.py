@@ -56,7 +56,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=20)
     p.add_argument("--delay", type=float, default=0.0, help="seconds between stream chunks")
     args = p.parse_args()
-    web.run_app(make_app(args.chunks, args.delay), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(make_app(args.chunks, args.delay), host="127.0.0.1", port=args.port, print=None, access_log=None,
+                backlog=1024)        # room for 200 connections opened at once (aiohttp's default is 128)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The baseline: a plain aiohttp pass-through proxy, the floor for a Python gateway. One
-shared ClientSession; JSON relayed whole, SSE relayed chunk by chunk."""
+shared ClientSession; JSON relayed whole, SSE relayed chunk by chunk. It listens with the
+gateway's backlog (1024): with aiohttp's default of 128, 200 clients connecting at once
+overflow it and some wait for SYN retries, which skews the c=200 comparison."""
 from __future__ import annotations
 
 import argparse
@@ -45,7 +47,8 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(make_app(args.upstream), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(make_app(args.upstream), host="127.0.0.1", port=args.port, print=None, access_log=None,
+                backlog=1024)
 
 
 if __name__ == "__main__":

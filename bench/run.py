@@ -1,10 +1,13 @@
-"""The benchmark, in one command: `.venv/bin/python bench/run.py [--seconds 5]`.
+"""The benchmark, in one command: `.venv/bin/python bench/run.py [--seconds 3] [--repeats 3]`.
 
-Everything runs on loopback. The server under test (the null proxy, then the gateway) is
-pinned to core 0; the fake upstream and the load generators share core 1. Every figure
-is reported next to the null proxy's, measured in the same run, because absolute numbers
-drift on shared machines. The headline is CPU time per request of the server process,
-read from the kernel's process accounting over a fixed-length load.
+Everything runs on loopback. The servers under test (the null proxy and the gateway, both up
+for the whole run, each idle while the other is loaded) are pinned to core 0; the fake
+upstream and the load generators share core 1. The headline is CPU time per request of the
+server process, read from the kernel's process accounting over a fixed-length load. Absolute
+numbers drift on shared machines by tens of percent from one minute to the next, so every
+figure is a ratio to a reference measured beside it: each measurement runs in rounds, the
+reference (the null proxy; for a translation lane the gateway's same-format lane) then the
+subject, and the ratio reported is the median of the rounds' ratios, with their range.
 
 Lanes: (1) chat completions, JSON, with a key; (2) the same, streamed; (3) messages
 client to the OpenAI-format upstream (translation); (4) responses, streamed; (5) the 402
@@ -25,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +58,7 @@ LANES = [  # name, path, body, keyed, streaming
     ("4 responses stream", "/api/v1/responses", "responses_stream", True, True),
     ("5 x402 402 challenge", "/api/v1/chat/completions", "chat", False, False),
 ]
+TRANSLATED = {LANES[2][0]: LANES[0][0], LANES[3][0]: LANES[1][0]}   # lane -> its same-format lane
 
 
 def free_port() -> int:
@@ -166,20 +171,53 @@ def gateway_config(directory: Path, upstream: int, slow: int | None = None, stor
     return path
 
 
-def run_lanes(base: str, pid: int, key: str, lanes, levels, seconds: float, side=None) -> dict:
-    """side: {name: callable returning pids} of helper servers whose CPU is reported too."""
-    results = {}
-    for name, path, body, keyed, streaming in lanes:
-        for c in levels:
-            load(base + path, BODIES[body], key if keyed else "", c, min(1.0, seconds), streaming)   # warm-up
-            pids = {k: fn() for k, fn in (side or {}).items()}
-            r = measured(pid, lambda: load(base + path, BODIES[body], key if keyed else "", c, seconds, streaming),
-                         pids)
-            if streaming:     # for streams, latency means time to first byte
-                r.update(rps=r["requests"] / seconds, p50_us=r["ttfb_p50_ms"] * 1000, p99_us=None)
-            results[(name, c)] = r
-            print(f"  {name} c={c}: {results[(name, c)]}", file=sys.stderr)
-    return results
+class Server:
+    """A server under test: where it listens, the pid whose CPU is read, the key its lanes send,
+    and side processes (the database, Redis) whose CPU is reported beside it."""
+
+    def __init__(self, base: str, pid: int, key: str = "", side: dict | None = None):
+        self.base, self.pid, self.key, self.side = base, pid, key, side or {}
+
+    def warm(self, lane, c: int) -> None:
+        name, path, body, keyed, streaming = lane
+        load(self.base + path, BODIES[body], self.key if keyed else "", c, 1.0, streaming)
+
+    def run(self, lane, c: int, seconds: float) -> dict:
+        name, path, body, keyed, streaming = lane
+        pids = {k: fn() for k, fn in self.side.items()}
+        r = measured(self.pid, lambda: load(self.base + path, BODIES[body], self.key if keyed else "", c, seconds,
+                                            streaming), pids)
+        if streaming:     # for streams, latency means time to first byte
+            r.update(rps=r["requests"] / seconds, p50_us=r["ttfb_p50_ms"] * 1000, p99_us=None)
+        return r
+
+
+def summarise(pairs: list[tuple[dict, dict]]) -> dict:
+    """Rounds of (subject, reference) measured back to back -> the subject's median round (by CPU),
+    the reference's, and the median of the per-round ratios with their range. A ratio taken within
+    a round cancels the machine's drift between rounds, which moves both sides alike."""
+    def middle(runs: list[dict]) -> dict:
+        return sorted(runs, key=lambda r: r["cpu_ms"])[len(runs) // 2]
+    cpu = sorted(s["cpu_ms"] / r["cpu_ms"] for s, r in pairs)
+    return {"subject": middle([s for s, _ in pairs]), "reference": middle([r for _, r in pairs]),
+            "cpu_ratio": statistics.median(cpu), "cpu_range": (cpu[0], cpu[-1]),
+            "rps_ratio": statistics.median(s["rps"] / r["rps"] for s, r in pairs),
+            "p50_added_us": statistics.median(s["p50_us"] - r["p50_us"] for s, r in pairs)}
+
+
+def paired(subject: Server, lane, reference: Server, reference_lane, c: int, seconds: float, repeats: int) -> dict:
+    """`repeats` rounds of the reference then the subject, each warmed once (see summarise)."""
+    reference.warm(reference_lane, c)
+    subject.warm(lane, c)
+    pairs = []
+    for _ in range(repeats):
+        r = reference.run(reference_lane, c, seconds)
+        s = subject.run(lane, c, seconds)
+        pairs.append((s, r))
+    out = summarise(pairs)
+    print(f"  {lane[0]} c={c}: x{out['cpu_ratio']:.2f} CPU (rounds {out['cpu_range'][0]:.2f}-"
+          f"{out['cpu_range'][1]:.2f}) {out['subject']}", file=sys.stderr)
+    return out
 
 
 def soak(base: str, pid: int, key: str, total: int) -> tuple[float, float, int]:
@@ -203,8 +241,10 @@ def start_gateway(work: Path, cfg: Path, core: str, *extra: str) -> tuple[subpro
     return proc, f"http://127.0.0.1:{port}", key
 
 
-def scale_out(stores: list[str], up: int, levels, seconds: float, soak_total: int) -> tuple[dict, dict]:
-    """Lanes 1 and 2 on each scale-out store: ({store: results}, {store: soak})."""
+def scale_out(stores: list[str], up: int, null: Server, levels, seconds: float, repeats: int,
+              soak_total: int) -> tuple[dict, dict]:
+    """Lanes 1 and 2 on each scale-out store, each paired with the null proxy:
+    ({store: results}, {store: soak})."""
     sys.path.insert(0, str(ROOT))
     from tests.servers import PostgresServer, RedisServer, postgres_bindir
     out: dict[str, dict] = {}
@@ -231,7 +271,9 @@ def scale_out(stores: list[str], up: int, levels, seconds: float, soak_total: in
         proc = None
         try:
             proc, base, key = start_gateway(work, gateway_config(work, up, storage=storage, redis=redis), core, *extra)
-            out[store] = run_lanes(base, proc.pid, key, LANES[:2], levels, seconds, side)
+            gateway = Server(base, proc.pid, key, side)
+            out[store] = {(lane[0], c): paired(gateway, lane, null, lane, c, seconds, repeats)
+                          for lane in LANES[:2] for c in levels}
             if soak_total:
                 soaks[store] = soak(base, proc.pid, key, soak_total)
         finally:
@@ -252,20 +294,26 @@ def _pg_pid(pg) -> int:
     return int((pg.data / "postmaster.pid").read_text().split()[0])
 
 
-def store_table(null: dict, sqlite: dict, more: dict[str, dict], levels, soaks: dict) -> str:
-    """CPU per request of each store against the same run's null proxy (lanes 1 and 2), with the
-    database's and Redis's own CPU per request beside the gateway's."""
-    out = ["| store | lane | c | req/s | ÷ null | gateway CPU ms/req | ÷ null | PostgreSQL CPU ms/req | "
+def fmt_ratio(summary: dict, key: str = "cpu_ratio") -> str:
+    low, high = summary["cpu_range"]
+    return f"{summary[key]:.2f}" + (f" ({low:.2f}-{high:.2f})" if key == "cpu_ratio" and high > low else "")
+
+
+def store_table(more: dict[str, dict], levels, soaks: dict) -> str:
+    """CPU per request of each store against the null proxy measured beside it (lanes 1 and 2),
+    with the database's and Redis's own CPU per request beside the gateway's."""
+    out = ["| store | lane | c | req/s | ÷ null | gateway CPU ms/req | ÷ null (rounds) | PostgreSQL CPU ms/req | "
            "Redis CPU ms/req | p50 ms (streams: first byte) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     side = lambda g, k: f"{g[k]:.3f}" if k in g else "-"
-    for store, results in [("sqlite", sqlite), *more.items()]:
+    for store, results in more.items():
         for name, *_ in LANES[:2]:
             for c in levels:
-                g, n = results.get((name, c)), null.get((name, c))
-                if g and n:
-                    out.append(f"| {store} | {name} | {c} | {g['rps']:.0f} | {g['rps'] / n['rps']:.2f} | "
-                               f"{g['cpu_ms']:.3f} | {g['cpu_ms'] / n['cpu_ms']:.2f} | {side(g, 'postgresql_cpu_ms')} | "
+                pair = results.get((name, c))
+                if pair:
+                    g = pair["subject"]
+                    out.append(f"| {store} | {name} | {c} | {g['rps']:.0f} | {pair['rps_ratio']:.2f} | "
+                               f"{g['cpu_ms']:.3f} | {fmt_ratio(pair)} | {side(g, 'postgresql_cpu_ms')} | "
                                f"{side(g, 'redis_cpu_ms')} | {g['p50_us'] / 1000:.2f} |")
     for store, (before, after, done) in soaks.items():
         out.append("")
@@ -274,69 +322,73 @@ def store_table(null: dict, sqlite: dict, more: dict[str, dict], levels, soaks: 
     return "\n".join(out)
 
 
-def targets(null: dict, gw: dict, quiet: dict, more: dict, soaked, soaks: dict, levels) -> str:
-    """The performance issue's targets, each as a ratio to the same run's null proxy."""
+def targets(gw: dict, log_line: dict | None, more: dict, soaked, soaks: dict, levels) -> str:
+    """The performance issue's targets, each a median of ratios taken round by round against the
+    reference measured beside it (the null proxy, or for translation the same-format lane)."""
     top, one = max(levels), min(levels)
     l1, l2, l3, l4 = (lane[0] for lane in LANES[:4])
-    lines = ["Targets (ratios to the null proxy in this run):"]
+    lines = ["Targets (medians of per-round ratios; the rounds' range in brackets):"]
 
-    def check(label: str, value: float | None, limit: float, higher_is_better: bool = False, unit: str = "x"):
-        if value is None:
+    def check(label: str, pair: dict | None, limit: float, key: str = "cpu_ratio", higher_is_better: bool = False,
+              unit: str = "x", scale=lambda v: v):
+        if pair is None:
             lines.append(f"- {label}: not measured")
             return
+        value = scale(pair[key])
         ok = value >= limit if higher_is_better else value <= limit
         sign = ">=" if higher_is_better else "<="
-        lines.append(f"- {label}: {value:.2f}{unit} (target {sign} {limit}{unit}) {'MET' if ok else 'NOT MET'}")
+        spread = ""
+        if key == "cpu_ratio" and unit == "x":
+            low, high = pair["cpu_range"]
+            spread = f" (rounds {low:.2f}-{high:.2f})"
+        lines.append(f"- {label}: {value:.2f}{unit}{spread} (target {sign} {limit}{unit}) {'MET' if ok else 'NOT MET'}")
 
-    ratio = lambda res, lane, key, c=top: (res[(lane, c)][key] / null[(lane, c)][key]
-                                         if (lane, c) in res and (lane, c) in null else None)
-    check(f"SQLite lane 1 CPU per call, c={top}", ratio(gw, l1, "cpu_ms"), 1.5)
-    check(f"SQLite lane 1 throughput, c={top}", ratio(gw, l1, "rps"), 0.65, higher_is_better=True)
-    if (l1, one) in gw and (l1, one) in null:
-        check(f"SQLite lane 1 added p50, c={one}", (gw[(l1, one)]["p50_us"] - null[(l1, one)]["p50_us"]) / 1000, 0.3,
-              unit=" ms")
-    pg = more.get("postgresql+redis", {})
-    check(f"PostgreSQL + Redis lane 1 gateway CPU per call, c={top}", ratio(pg, l1, "cpu_ms"), 2.0)
-    check(f"Streams CPU per stream, c={top}", ratio(gw, l2, "cpu_ms"), 1.3)
-    if (l2, one) in gw and (l2, one) in null:
-        check(f"Streams added time to first byte, c={one}",
-              (gw[(l2, one)]["p50_us"] - null[(l2, one)]["p50_us"]) / 1000, 0.5, unit=" ms")
-    for lane, same in ((l3, l1), (l4, l2)):
-        if (lane, top) in gw and (same, top) in gw:
-            check(f"{lane} CPU vs {same}, c={top}", gw[(lane, top)]["cpu_ms"] / gw[(same, top)]["cpu_ms"], 1.2)
-    if (l1, top) in quiet and (l1, top) in gw:
-        on, off = gw[(l1, top)]["cpu_ms"], quiet[(l1, top)]["cpu_ms"]
-        if on < off:          # the run without the line used more CPU: the difference is noise
-            lines.append(f"- Per-call log line share of a call's CPU, c={top}: below this run's noise "
-                         f"({on:.3f} ms with it, {off:.3f} ms without)")
-        else:
-            check(f"Per-call log line share of a call's CPU, c={top}", 100 * (on - off) / on, 5, unit="%")
+    check(f"SQLite lane 1 CPU per call, c={top}", gw.get((l1, top)), 1.5)
+    check(f"SQLite lane 1 throughput, c={top}", gw.get((l1, top)), 0.65, key="rps_ratio", higher_is_better=True)
+    check(f"SQLite lane 1 added p50, c={one}", gw.get((l1, one)), 0.3, key="p50_added_us", unit=" ms",
+          scale=lambda us: us / 1000)
+    check(f"PostgreSQL + Redis lane 1 gateway CPU per call, c={top}", more.get("postgresql+redis", {}).get((l1, top)),
+          2.0)
+    check(f"Streams CPU per stream, c={top}", gw.get((l2, top)), 1.3)
+    check(f"Streams added time to first byte, c={one}", gw.get((l2, one)), 0.5, key="p50_added_us", unit=" ms",
+          scale=lambda us: us / 1000)
+    check(f"{l3} CPU vs {l1}, c={top}", gw.get((l3, top)), 1.2)
+    check(f"{l4} CPU vs {l2}, c={top}", gw.get((l4, top)), 1.2)
+    if log_line is not None:      # rounds of the gateway with the line against the gateway without
+        check(f"Per-call log line share of a call's CPU, c={top}", log_line, 5, unit="%",
+              scale=lambda ratio: 100 * (1 - 1 / ratio))
     for store, (before, after, done) in [("sqlite", soaked), *soaks.items()]:
         if done:
-            check(f"RSS growth on {store} over {done:,} calls", 100 * (after - before) / before, 5, unit="%")
+            growth = 100 * (after - before) / before
+            lines.append(f"- RSS growth on {store} over {done:,} calls: {growth:.2f}% (target <= 5%) "
+                         f"{'MET' if growth <= 5 else 'NOT MET'}")
     return "\n".join(lines)
 
 
-def table(null: dict, gw: dict, levels, soaked) -> str:
-    out = ["| lane | c | gateway req/s | ÷ null | gateway CPU ms/req | ÷ null | p50 ms (streams: first byte) | "
+def table(gw: dict, levels, soaked) -> str:
+    """Every gateway lane against the null proxy (lanes 3 and 4 also against their same-format lane)."""
+    out = ["| lane | c | gateway req/s | ÷ null | gateway CPU ms/req | ÷ null (rounds) | p50 ms (streams: first byte) | "
            "+p50 vs null ms | p99 ms |",
            "|---|---|---|---|---|---|---|---|---|"]
     for name, _, _, _, streaming in LANES:
         for c in levels:
-            g = gw.get((name, c))
-            if not g:
+            pair = gw.get((name, c))
+            if pair is None:
                 continue
-            base_name = LANES[1][0] if streaming else LANES[0][0]
-            n = null.get((base_name, c))
-            ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
+            g = pair["subject"]
             p99 = f"{g['p99_us'] / 1000:.2f}" if g["p99_us"] is not None else "-"
-            if n:
-                out.append(f"| {name} | {c} | {g['rps']:.0f} | {ratio(g['rps'], n['rps'])} | {g['cpu_ms']:.3f} | "
-                           f"{ratio(g['cpu_ms'], n['cpu_ms'])} | {g['p50_us'] / 1000:.2f} | "
-                           f"{(g['p50_us'] - n['p50_us']) / 1000:+.2f} | {p99} |")
+            if name in TRANSLATED:      # its reference is the gateway's same-format lane; null's is that lane's
+                base = gw.get((TRANSLATED[name], c))
+                if base is None:
+                    continue
+                n = base["reference"]
+                out.append(f"| {name} | {c} | {g['rps']:.0f} | {g['rps'] / n['rps']:.2f} | {g['cpu_ms']:.3f} | "
+                           f"{g['cpu_ms'] / n['cpu_ms']:.2f}; ÷ lane {TRANSLATED[name][0]}: {fmt_ratio(pair)} | "
+                           f"{g['p50_us'] / 1000:.2f} | {(g['p50_us'] - n['p50_us']) / 1000:+.2f} | {p99} |")
             else:
-                out.append(f"| {name} | {c} | {g['rps']:.0f} | - | {g['cpu_ms']:.3f} | - | "
-                           f"{g['p50_us'] / 1000:.2f} | - | {p99} |")
+                out.append(f"| {name} | {c} | {g['rps']:.0f} | {pair['rps_ratio']:.2f} | {g['cpu_ms']:.3f} | "
+                           f"{fmt_ratio(pair)} | {g['p50_us'] / 1000:.2f} | {pair['p50_added_us'] / 1000:+.2f} | "
+                           f"{p99} |")
     before, after, done = soaked
     out.append("")
     out.append(f"RSS over {done:,} requests (lane 1, c=50, after warm-up): {before:.1f} MB -> {after:.1f} MB "
@@ -346,7 +398,8 @@ def table(null: dict, gw: dict, levels, soaked) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=5, help="length of each measured run")
+    p.add_argument("--seconds", type=float, default=3, help="length of each measured run")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of each measurement beside its reference")
     p.add_argument("--levels", default="1,50,200", help="concurrency levels")
     p.add_argument("--soak", type=int, default=100_000, help="requests for the memory soak (0 to skip)")
     p.add_argument("--lanes", default="1,2,3,4,5", help="which lanes to run")
@@ -359,7 +412,9 @@ def main() -> int:
         return 2
     levels = [int(x) for x in args.levels.split(",")]
     chosen = [lane for lane in LANES if lane[0].split()[0] in args.lanes.split(",")]
-    # streaming lanes measure each request from the stream client's side; keep `seconds` for rates
+    if any(name in TRANSLATED for name, *_ in chosen):      # a translated lane is measured beside its base
+        chosen = [lane for lane in LANES if lane in chosen or lane[0] in
+                  {TRANSLATED[name] for name, *_ in chosen if name in TRANSLATED}]
     procs: list[subprocess.Popen] = []
     try:
         up, slow = free_port(), free_port()
@@ -369,42 +424,55 @@ def main() -> int:
         wait_ready(f"http://127.0.0.1:{up}/v1/chat/completions", b"{}")
         wait_ready(f"http://127.0.0.1:{slow}/v1/chat/completions", b"{}")
 
-        print("null proxy", file=sys.stderr)
+        # The null proxy stays up for the whole run (idle between its rounds) on the gateway's core.
         np_port = free_port()
         null_proc = start([PY, str(HERE / "null_proxy.py"), "--port", str(np_port),
                            "--upstream", f"http://127.0.0.1:{up}/v1/chat/completions"], SERVER_CORE)
         procs.append(null_proc)
         wait_ready(f"http://127.0.0.1:{np_port}/api/v1/chat/completions", b"{}")
-        null = run_lanes(f"http://127.0.0.1:{np_port}", null_proc.pid, "", LANES[:2], levels, args.seconds)
-        null_proc.terminate()
+        null = Server(f"http://127.0.0.1:{np_port}", null_proc.pid)
 
-        print("gateway", file=sys.stderr)
+        print("gateway, each lane in rounds beside its reference", file=sys.stderr)
         work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
         cfg = gateway_config(work, up, slow)
         gw_proc, gw_base, key = start_gateway(work, cfg, SERVER_CORE)
         procs.append(gw_proc)
-        gw = run_lanes(gw_base, gw_proc.pid, key, chosen, levels, args.seconds)
+        gateway = Server(gw_base, gw_proc.pid, key)
+        by_name = {lane[0]: lane for lane in LANES}
+        gw = {}
+        for lane in chosen:
+            for c in levels:
+                if lane[0] in TRANSLATED:
+                    gw[(lane[0], c)] = paired(gateway, lane, gateway, by_name[TRANSLATED[lane[0]]], c, args.seconds,
+                                              args.repeats)
+                else:
+                    gw[(lane[0], c)] = paired(gateway, lane, null, LANES[1] if lane[4] else LANES[0], c, args.seconds,
+                                              args.repeats)
         relay = load(f"{gw_base}/api/v1/chat/completions",
                      {**BODIES["chat_stream"], "model": "bench/slow"}, key, 1, 3, True)
+
+        log_line = None
+        if LANES[0] in chosen:
+            print("gateway with the per-call line, in rounds beside one at --log-level warning", file=sys.stderr)
+            quiet_proc, quiet_base, quiet_key = start_gateway(work, cfg, SERVER_CORE, "--log-level", "warning")
+            procs.append(quiet_proc)
+            log_line = paired(gateway, LANES[0], Server(quiet_base, quiet_proc.pid, quiet_key), LANES[0], levels[-1],
+                              args.seconds, args.repeats)
+            quiet_proc.terminate()
         soaked = soak(gw_base, gw_proc.pid, key, args.soak) if args.soak else (1, 1, 0)
         gw_proc.terminate()
         gw_proc.wait(60)
-
-        print("gateway, --log-level warning (no per-call line)", file=sys.stderr)
-        quiet_proc, quiet_base, quiet_key = start_gateway(work, cfg, SERVER_CORE, "--log-level", "warning")
-        procs.append(quiet_proc)
-        quiet = run_lanes(quiet_base, quiet_proc.pid, quiet_key, LANES[:1], levels[-1:], args.seconds)
-        quiet_proc.terminate()
-        more, soaks = scale_out([x for x in args.stores.split(",") if x], up, levels, args.seconds, args.soak)
+        more, soaks = scale_out([x for x in args.stores.split(",") if x], up, null, levels, args.seconds,
+                                args.repeats, args.soak)
     finally:
         for proc in procs:
             proc.terminate()
-    print(table(null, gw, levels, soaked))
+    print(table(gw, levels, soaked))
     if more:
         print()
-        print(store_table(null, gw, more, levels, soaks))
+        print(store_table(more, levels, soaks))
     print()
-    print(targets(null, gw, quiet, more, soaked, soaks, levels))
+    print(targets(gw, log_line, more, soaked, soaks, levels))
     print(f"Chunk relay: upstream sends a chunk every {GAP_SECONDS * 1000:.0f} ms; the client saw a median gap of "
           f"{relay['gap_p50_ms']:.1f} ms between reads (buffering would show ~0 ms gaps and a late first byte: "
           f"first byte at {relay['ttfb_p50_ms']:.1f} ms, whole stream at {relay['total_p50_ms']:.1f} ms)")

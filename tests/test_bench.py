@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -72,3 +73,22 @@ def test_instruction_counts_pass_the_log_level_to_the_gateway(tmp_path):
         assert cmd[:2] == [instructions.PY, str(instructions.ROOT / "gateway.py")]
         run = parser.parse_args(cmd[2:])
         assert (run.command, run.config, run.port, run.log_level) == ("run", str(tmp_path / "gw.yaml"), 8123, level)
+
+
+def test_the_runner_reports_the_median_of_ratios_taken_round_by_round():
+    """The machine slows between rounds (both sides alike): each round's ratio is steady though the
+    absolute figures move, and the median round of each side is reported as it was measured."""
+    import run
+
+    def result(cpu_ms: float, rps: float, p50_us: int) -> dict:
+        return {"cpu_ms": cpu_ms, "rps": rps, "p50_us": p50_us}
+
+    pairs = [(result(0.30, 3000, 900), result(0.20, 5000, 500)),     # subject, reference: 1.5x
+             (result(0.60, 1500, 1900), result(0.40, 2500, 1000)),   # both twice as slow: 1.5x again
+             (result(0.44, 2000, 1200), result(0.20, 5000, 600))]    # a bad round for the subject: 2.2x
+    out = run.summarise(pairs)
+    assert out["cpu_ratio"] == pytest.approx(1.5)
+    assert out["cpu_range"] == pytest.approx((1.5, 2.2))
+    assert out["rps_ratio"] == pytest.approx(0.6)
+    assert out["p50_added_us"] == 600
+    assert out["subject"]["cpu_ms"] == 0.44 and out["reference"]["cpu_ms"] == 0.20
