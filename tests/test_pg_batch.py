@@ -105,6 +105,20 @@ async def test_a_batch_of_settles_closes_each_hold_once_and_refunds_exactly(stor
     assert [tuple(e) for e in entries] == [(f"c{i}", 20 - (i + 1)) for i in range(6)]
 
 
+async def test_a_queued_reserve_or_settle_runs_even_if_its_caller_is_cancelled(storage):
+    a = await account(storage, 100, "a")
+    held = await storage.ledger.reserve(HoldRequest("c1", a, 50))
+    callers = [asyncio.ensure_future(storage.ledger.settle(Settlement(held, 20, 0, usage_row("c1", a, 20)))),
+               asyncio.ensure_future(storage.ledger.reserve(HoldRequest("c2", a, 30)))]
+    await asyncio.sleep(0)                                 # queued; the batch leaves at the end of this turn
+    for caller in callers:
+        caller.cancel()
+    await storage.ledger.drain()
+    assert await books(storage, a) == 100 - 20 - 30
+    holds = await storage.fetchall("SELECT call_id, status FROM holds ORDER BY call_id")
+    assert [tuple(h) for h in holds] == [("c1", "settled"), ("c2", "open")]
+
+
 # ---- through HTTP --------------------------------------------------------------------
 
 async def commits(server) -> int:
