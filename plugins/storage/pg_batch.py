@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-# How many batches of one kind may be on their way at once. One, as the SQLite engine: what
-# queues while a batch is out leaves as the next batch the moment it is answered, so batches
-# grow with the load and the database sees one transaction per round trip per kind and
-# process. More in flight buys little latency with one busy account (its batches wait on its
-# row lock in the database anyway) and costs commits and gateway CPU: 20 calls at once from
-# one key took ~1.24M instructions per call with one in flight, ~1.27M with any number and
-# ~1.28M with two; the PostgreSQL CPU per call was lowest with one as well.
-IN_FLIGHT = 1
+# One batch of a kind on its way at a time, as the SQLite engine: what queues while a batch
+# is out leaves as the next batch the moment it is answered, so batches grow with the load and
+# the database sees one transaction per round trip per kind and process. More in flight buys
+# little latency with one busy account (its batches wait on its row lock in the database
+# anyway) and costs commits and gateway CPU: 20 calls at once from one key took ~1.24M
+# instructions per call with one in flight, ~1.27M with any number and ~1.28M with two; the
+# PostgreSQL CPU per call was lowest with one as well.
 
 Item = tuple                    # the single statement's arguments
 
@@ -32,61 +31,49 @@ Item = tuple                    # the single statement's arguments
 class Batcher:
     """The queue of one kind of write. `one(args)` runs an element alone (the single
     statement) -> its raw result; `many(items)` runs a batch of two or more -> one raw
-    result per element, in order. `submit` answers `yes` for a truthy raw result, else `no`."""
+    result per element, in order. `submit` answers `yes` for a truthy raw result, else `no`.
 
-    def __init__(self, one: Callable[[Item], Awaitable[Any]], many: Callable[[list[Item]], Awaitable[list]],
-                 in_flight: int = IN_FLIGHT):
-        self._one, self._many, self._limit = one, many, in_flight
+    One task sends the batches, one after another, while there are any: started by the first
+    element queued when none runs, its first step comes after the callbacks of the loop turn
+    that queued it, so the batch holds everything that turn queued."""
+
+    def __init__(self, one: Callable[[Item], Awaitable[Any]], many: Callable[[list[Item]], Awaitable[list]]):
+        self._one, self._many = one, many
         self._pending: list[tuple[Item, asyncio.Future, Any, Any]] = []
-        self._flying = 0
-        self._due = False                # a send is scheduled for the end of this loop turn
-        self._idle: asyncio.Future | None = None
-        self._tasks: set[asyncio.Task] = set()     # the loop keeps only weak references to tasks
+        self._sender: asyncio.Task | None = None
 
     def submit(self, args: Item, yes: Any, no: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((args, future, yes, no))
-        if not self._due and self._flying < self._limit:
-            self._due = True
-            loop.call_soon(self._send)
+        if self._sender is None:
+            self._sender = loop.create_task(self._send())
         return future
 
-    def _send(self) -> None:
-        self._due = False
-        if self._pending and self._flying < self._limit:
-            batch, self._pending = self._pending, []
-            self._flying += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _send(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self._run(batch)
+                except BaseException as exc:     # cancelled (the loop is shutting down): nobody is left unanswered
+                    for _, future, _, _ in batch:
+                        _fail(future, exc if isinstance(exc, Exception) else RuntimeError("the batch was cancelled"))
+                    raise
+        finally:
+            self._sender = None
 
     async def _run(self, batch: list) -> None:
+        if len(batch) == 1:
+            await self._each_alone(batch)
+            return
         try:
-            if len(batch) == 1:
-                args, future, yes, no = batch[0]
-                try:
-                    _answer(future, yes if await self._one(args) else no)
-                except Exception as exc:
-                    _fail(future, exc)
-                return
-            try:
-                results = await self._many([args for args, _, _, _ in batch])
-            except Exception:
-                await self._each_alone(batch)
-                return
-            for (_, future, yes, no), made in zip(batch, results):
-                _answer(future, yes if made else no)
-        except BaseException as exc:     # cancelled (the loop is shutting down): nobody is left unanswered
-            for _, future, _, _ in batch:
-                _fail(future, exc if isinstance(exc, Exception) else RuntimeError("the batch was cancelled"))
-            raise
-        finally:
-            self._flying -= 1
-            if self._pending:
-                self._send()
-            elif self._flying == 0 and self._idle is not None and not self._idle.done():
-                self._idle.set_result(None)
+            results = await self._many([args for args, _, _, _ in batch])
+        except Exception:
+            await self._each_alone(batch)
+            return
+        for (_, future, yes, no), made in zip(batch, results):
+            _answer(future, yes if made else no)
 
     async def _each_alone(self, batch: list) -> None:
         for args, future, yes, no in batch:
@@ -97,12 +84,8 @@ class Batcher:
 
     async def drain(self) -> None:
         """Wait until every queued element has been answered (before the pool closes)."""
-        while self._pending or self._flying or self._due:
-            self._idle = asyncio.get_running_loop().create_future()
-            if self._due and not self._flying:
-                await asyncio.sleep(0)
-                continue
-            await self._idle
+        while self._sender is not None:
+            await asyncio.shield(self._sender)
 
 
 def _answer(future: asyncio.Future, value: Any) -> None:

@@ -13,6 +13,7 @@ import json
 import re
 import time
 from dataclasses import fields
+from operator import attrgetter
 from typing import Any, Awaitable
 
 import asyncpg
@@ -161,6 +162,7 @@ WHERE h.call_id = old.call_id RETURNING old.*
 RESERVE_BATCH = "SELECT reserve_batch(" + ", ".join(f"${i}" for i in range(1, 12)) + ")"
 SETTLE_BATCH = "SELECT settle_batch(" + ", ".join(f"${i}" for i in range(1, 21)) + ")"
 _NO_USAGE = (None,) * len(USAGE_FIELDS)
+_usage_values = attrgetter(*USAGE_FIELDS)          # a usage row -> its values in USAGE_FIELDS order
 
 
 class PostgresLedger:
@@ -250,7 +252,7 @@ class PostgresLedger:
 
     def settle(self, s: Settlement) -> Awaitable[bool]:
         if s.free_micro == s.held.free_micro:           # nothing to give back to the free allowance
-            usage = _NO_USAGE if s.usage is None else tuple(getattr(s.usage, f) for f in USAGE_FIELDS)
+            usage = _NO_USAGE if s.usage is None else _usage_values(s.usage)
             return self._settles.submit((s.charge_micro, s.free_micro, now(), s.held.call_id,
                                          s.held.credit_micro - s.charge_micro, *usage), True, False)
         return self._settle(s)
