@@ -9,6 +9,7 @@ import asyncpg
 import openai
 import pytest
 
+from plugins import keycache
 from plugins.storage import HoldRequest, Settlement, UsageRow, open_storage, statements
 from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
@@ -137,7 +138,9 @@ async def commits(server) -> int:
         await conn.close()
 
 
-async def test_200_calls_at_once_from_one_key_are_exact_and_batched(start_gateway, fake_openai, postgres_server):
+async def test_200_calls_at_once_from_one_key_are_exact_and_batched(start_gateway, fake_openai, postgres_server,
+                                                                   monkeypatch):
+    monkeypatch.setattr(keycache, "TTL_SECONDS", 600)   # the key looked up once: the commits counted are the calls'
     gw = await start_gateway(openai_upstream(fake_openai))
     key, account_id = await gw.key(1)
     client = gw.openai(key)
@@ -163,9 +166,8 @@ async def test_200_calls_at_once_from_one_key_are_exact_and_batched(start_gatewa
     assert tuple(open_holds) == (0,)
     await gw.store.close()              # its sessions end and report their commits
     delta = await commits(postgres_server) - before
-    # One at a time, each call commits twice (its reserve, its settle): over 400 with the key's
-    # lookups (its cache entry lasts a second). Batched: a handful of batches and those lookups.
-    assert delta < 200, delta
+    # One at a time, each call commits twice (its reserve, its settle): 400. Batched, a few dozen at most.
+    assert delta < 100, delta
 
 
 async def test_a_short_call_among_ones_that_fit_gets_402_alone(start_gateway, fake_openai):
