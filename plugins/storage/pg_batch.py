@@ -1,12 +1,14 @@
 """Group commit for PostgreSQL's two writes of every call, the fast reserve and the fast
 settle (see postgresql.FAST_RESERVE, FAST_SETTLE): the ones queued in one turn of the
-event loop leave together when that turn ends. A batch of one is today's single statement;
+event loop leave together when that turn ends. A batch of one is the single statement;
 a batch of more is one call of a PL/pgSQL function (schema.PG_BATCHES) that does each
 element as its statement would, in order, in one transaction: one round trip and one
 commit for all of them. Every caller is answered after that commit, with its own result.
 
 Should the batch fail (any error: a duplicate call id, a lost connection), each element
-runs again alone with the single statement, in order, so that only a failing one fails.
+runs again alone with the single statement, in order, so that only a failing one fails. (A
+connection lost after the batch's commit is as ambiguous as after a single statement's: the
+elements run again find their work done, a reserve's hold exists, a settle's hold is closed.)
 
 Once queued, an element runs even if its caller is cancelled (the caller waits on a future;
 the batch does not look at it): a reserve's caller shields that future and undoes the hold

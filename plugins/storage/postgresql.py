@@ -177,7 +177,7 @@ class PostgresLedger:
         await self._settles.drain()
 
     # The two writes of every call, when they take the fast path, join a batch (pg_batch.py)
-    # and return its future: no coroutine to step through, and none when billing shields it.
+    # and return its future: no coroutine to step through, and no task when billing shields it.
 
     async def _reserve_one(self, a: tuple) -> bool:
         return await self._pool.fetchval(FAST_RESERVE, *a[:4], self._owner, *a[4:])
