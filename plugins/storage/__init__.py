@@ -16,6 +16,7 @@ when that payment is finished (plugins/x402/recovery.py).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import time
@@ -32,6 +33,8 @@ __all__ = ["AgentRegistration", "CreditPurchase", "FreeAsk", "HoldRequest", "Key
            "split_charge", "Storage", "open_storage", "now", "new_instance_id", "DEFAULT_LEASE_SECONDS", "CRASHED"]
 
 DEFAULT_LEASE_SECONDS = 30
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")     # opens (and closes) a dollar-quoted body
+_WORD = re.compile(r"[A-Za-z_0-9$]")                               # ...unless it is inside a name (a$b$c)
 
 
 def now() -> int:
@@ -249,5 +252,31 @@ def for_engine(migrations: list[tuple[str, Any]], engine: str) -> list[tuple[str
 
 
 def statements(sql: str) -> list[str]:
-    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    """Migration SQL -> its statements: split on `;`, `--` comments dropped, except inside a
+    quoted string or a dollar-quoted body (`$$ ... $$`, `$tag$ ... $tag$`, as a PL/pgSQL
+    function's), which is kept whole."""
+    out, part, i = [], [], 0
+    while i < len(sql):
+        ch = sql[i]
+        if ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = len(sql) if end < 0 else end
+            continue
+        if ch == "'":
+            end = sql.find("'", i + 1)
+            while end >= 0 and sql.startswith("''", end):      # '' is a quote inside the string
+                end = sql.find("'", end + 2)
+            end = len(sql) if end < 0 else end + 1
+        elif ch == "$" and (i == 0 or not _WORD.match(sql[i - 1])) and (tag := _DOLLAR_TAG.match(sql, i)):
+            close = sql.find(tag.group(0), tag.end())
+            end = len(sql) if close < 0 else close + len(tag.group(0))
+        elif ch == ";":
+            out.append("".join(part))
+            part, i = [], i + 1
+            continue
+        else:
+            end = i + 1
+        part.append(sql[i:end])
+        i = end
+    out.append("".join(part))
+    return [s.strip() for s in out if s.strip()]

@@ -1,6 +1,7 @@
 """The built-in schema as numbered migrations, the same on every engine: names sort into
 order and each runs once per database. Money and times are 64-bit integers; the one
-difference between engines is how a table gets generated ids (`{id}`)."""
+difference between engines is how a table gets generated ids (`{id}`), and a step given as
+{engine: sql} (PostgreSQL's batch functions) runs on that engine only."""
 
 CORE = """
 CREATE TABLE accounts (
@@ -180,6 +181,92 @@ DROP INDEX holds_open;
 DROP INDEX holds_open_by_owner;
 """
 
+# PostgreSQL's group commit (plugins/storage/pg_batch.py): the fast reserves, or settles, of
+# one turn of a process's event loop in one round trip and one transaction, each element
+# exactly as the single statement (postgresql.FAST_RESERVE, FAST_SETTLE) would do it, in
+# order, and its result at its place. Lock order: the holds (a settle batch's, in its order),
+# then the accounts in ascending id, as every other money transaction.
+PG_BATCHES = """
+CREATE FUNCTION reserve_batch(call_ids TEXT[], account_ids BIGINT[], amounts BIGINT[], created BIGINT[],
+                              owner_ TEXT, leases BIGINT[], key_ids BIGINT[], agent_ids BIGINT[], endpoints TEXT[],
+                              requested_models TEXT[], models TEXT[]) RETURNS BOOLEAN[] LANGUAGE plpgsql AS $$
+DECLARE
+    made BOOLEAN[] := array_fill(false, ARRAY[cardinality(call_ids)]);
+    account BIGINT;
+    have BIGINT;
+    left_ BIGINT;
+    i INT;
+BEGIN
+    -- One account at a time, ascending: lock it, take each of its debits that the balance
+    -- left covers (in the batch's order, as the conditional UPDATEs would), write it once.
+    FOR account IN SELECT DISTINCT a FROM unnest(account_ids) AS a ORDER BY a LOOP
+        SELECT balance_micro INTO have FROM accounts WHERE id = account FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        left_ := have;
+        FOR i IN SELECT n FROM unnest(account_ids) WITH ORDINALITY AS t(a, n) WHERE a = account ORDER BY n LOOP
+            IF left_ >= amounts[i] THEN
+                left_ := left_ - amounts[i];
+                made[i] := true;
+            END IF;
+        END LOOP;
+        IF left_ <> have THEN
+            UPDATE accounts SET balance_micro = left_ WHERE id = account;
+        END IF;
+    END LOOP;
+    INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at)
+        SELECT account_ids[n], -amounts[n], 'hold', call_ids[n], created[n]
+        FROM generate_subscripts(call_ids, 1) AS n WHERE made[n] AND amounts[n] > 0 ORDER BY n;
+    INSERT INTO holds (call_id, account_id, amount_micro, free_micro, free_day, status, created_at, owner,
+                       lease_until, key_id, agent_id, endpoint, requested_model, model)
+        SELECT call_ids[n], account_ids[n], amounts[n], 0, NULL, 'open', created[n], owner_, leases[n], key_ids[n],
+               agent_ids[n], endpoints[n], requested_models[n], models[n]
+        FROM generate_subscripts(call_ids, 1) AS n WHERE made[n] ORDER BY n;
+    RETURN made;
+END
+$$;
+
+CREATE FUNCTION settle_batch(charges BIGINT[], frees BIGINT[], settled BIGINT[], call_ids TEXT[], refunds BIGINT[],
+                             u_call_ids TEXT[], u_account_ids BIGINT[], u_key_ids BIGINT[], u_agent_ids BIGINT[],
+                             u_endpoints TEXT[], u_requested_models TEXT[], u_models TEXT[], u_input BIGINT[],
+                             u_output BIGINT[], u_usd BIGINT[], u_status BIGINT[], u_outcomes TEXT[],
+                             u_latency BIGINT[], u_billing TEXT[], u_created BIGINT[])
+                             RETURNS BOOLEAN[] LANGUAGE plpgsql AS $$
+DECLARE
+    closed BOOLEAN[] := array_fill(false, ARRAY[cardinality(call_ids)]);
+    owners BIGINT[] := array_fill(NULL::BIGINT, ARRAY[cardinality(call_ids)]);
+    account BIGINT;
+    back BIGINT;
+    i INT;
+BEGIN
+    -- The holds first, in the batch's order (a second settle of one hold finds it closed).
+    FOR i IN 1 .. cardinality(call_ids) LOOP
+        UPDATE holds SET status = 'settled', charge_micro = charges[i], free_micro = frees[i], settled_at = settled[i]
+            WHERE call_id = call_ids[i] AND status = 'open' RETURNING account_id INTO account;
+        IF FOUND THEN
+            closed[i] := true;
+            owners[i] := account;
+        END IF;
+    END LOOP;
+    -- Then the refunds, one UPDATE per account in ascending id.
+    FOR account, back IN SELECT owners[n], sum(refunds[n]) FROM generate_subscripts(call_ids, 1) AS n
+                         WHERE closed[n] AND refunds[n] > 0 GROUP BY owners[n] ORDER BY owners[n] LOOP
+        UPDATE accounts SET balance_micro = balance_micro + back WHERE id = account;
+    END LOOP;
+    INSERT INTO ledger (account_id, amount_micro, kind, ref, created_at)
+        SELECT owners[n], refunds[n], 'release', call_ids[n], settled[n]
+        FROM generate_subscripts(call_ids, 1) AS n WHERE closed[n] AND refunds[n] > 0 ORDER BY n;
+    INSERT INTO usage (call_id, account_id, key_id, agent_id, endpoint, requested_model, model, input_tokens,
+                       output_tokens, usd_micro, status, outcome, latency_ms, billing, created_at)
+        SELECT u_call_ids[n], u_account_ids[n], u_key_ids[n], u_agent_ids[n], u_endpoints[n], u_requested_models[n],
+               u_models[n], u_input[n], u_output[n], u_usd[n], u_status[n], u_outcomes[n], u_latency[n],
+               u_billing[n], u_created[n]
+        FROM generate_subscripts(call_ids, 1) AS n WHERE closed[n] AND u_call_ids[n] IS NOT NULL ORDER BY n
+        ON CONFLICT (call_id) DO NOTHING;
+    RETURN closed;
+END
+$$;
+"""
+
 ID = {"sqlite": "INTEGER PRIMARY KEY",          # an alias of the rowid
       "postgresql": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"}
 
@@ -197,8 +284,10 @@ STEPS = [
     ("0260_x402_upstream_job", X402_UPSTREAM_JOB),
     ("0270_x402_call_usage", X402_CALL_USAGE),
     ("0280_leaner_indexes", LEANER_INDEXES),
+    ("0290_pg_batches", {"postgresql": PG_BATCHES}),
 ]
 
 
 def migrations(engine: str) -> list[tuple[str, str]]:
-    return [(name, sql.replace("{id}", ID[engine])) for name, sql in STEPS]
+    return [(name, sql.replace("{id}", ID[engine])) for name, step in STEPS
+            if (sql := step.get(engine) if isinstance(step, dict) else step) is not None]
