@@ -206,13 +206,19 @@ def summarise(pairs: list[tuple[dict, dict]]) -> dict:
 
 
 def paired(subject: Server, lane, reference: Server, reference_lane, c: int, seconds: float, repeats: int) -> dict:
-    """`repeats` rounds of the reference then the subject, each warmed once (see summarise)."""
+    """`repeats` rounds of the reference and the subject back to back, each warmed once (see
+    summarise). The order alternates (reference first, then subject first, ...) so that a drift
+    within a round favours neither side."""
     reference.warm(reference_lane, c)
     subject.warm(lane, c)
     pairs = []
-    for _ in range(repeats):
-        r = reference.run(reference_lane, c, seconds)
-        s = subject.run(lane, c, seconds)
+    for round_ in range(repeats):
+        if round_ % 2 == 0:
+            r = reference.run(reference_lane, c, seconds)
+            s = subject.run(lane, c, seconds)
+        else:
+            s = subject.run(lane, c, seconds)
+            r = reference.run(reference_lane, c, seconds)
         pairs.append((s, r))
     out = summarise(pairs)
     print(f"  {lane[0]} c={c}: x{out['cpu_ratio']:.2f} CPU (rounds {out['cpu_range'][0]:.2f}-"
