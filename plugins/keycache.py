@@ -11,6 +11,12 @@ per call, and a change to a key (revoked, given an agent) reaches every process 
 
 A lookup that raced a change (it read the database before the change and would cache the
 old row after it) is not cached: every drop bumps a generation that the lookup checks.
+
+Calls that miss at the same moment share one lookup: when a busy key's entry expires, the
+calls in flight wait for the first one's query instead of each sending their own (200 calls
+at once made 200 queries). A call that arrives after a drop starts a lookup of its own, so
+sharing never hands out a row read before a change. The shared lookup runs as its own task,
+so a caller that leaves (a client gone) does not cancel it for the others.
 """
 from __future__ import annotations
 
@@ -62,16 +68,31 @@ class KeyCache:
         self.clock = clock
         self._entries: dict[str, tuple[float, object]] = {}     # key hash -> (fetched at, principal)
         self._generation = 0
+        self._lookups: dict[str, tuple[int, asyncio.Task]] = {}   # key hash -> (generation, its lookup)
         self.redis = None                # set when a shared channel exists
 
     async def get(self, digest: str, load: Callable[[], Awaitable[object | None]]):
-        """The cached principal for `digest`, or `load()`ed (and cached if found)."""
+        """The cached principal for `digest`, or `load()`ed (and cached if found); a lookup
+        of the same digest already under way since the last drop is shared."""
         now = self.clock()
         hit = self._entries.get(digest)
         if hit is not None and now - hit[0] < TTL_SECONDS:
             return hit[1]
-        generation = self._generation
-        principal = await load()
+        flight = self._lookups.get(digest)
+        if flight is None or flight[0] != self._generation:     # none, or one begun before a change
+            task = asyncio.get_running_loop().create_task(self._lookup(digest, load, now, self._generation))
+            task.add_done_callback(_retrieved)
+            flight = self._lookups[digest] = (self._generation, task)
+        return await asyncio.shield(flight[1])
+
+    async def _lookup(self, digest: str, load: Callable[[], Awaitable[object | None]], now: float,
+                      generation: int):
+        try:
+            principal = await load()
+        finally:
+            flight = self._lookups.get(digest)
+            if flight is not None and flight[1] is asyncio.current_task():
+                del self._lookups[digest]
         if principal is None:
             self._entries.pop(digest, None)
         elif generation == self._generation:
@@ -111,6 +132,12 @@ class KeyCache:
                 if not stopping.is_set():
                     log.warning("key_changes_unsubscribed", error=str(exc))
                     await asyncio.sleep(0.2)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Every caller of a shared lookup may have left: its failure is theirs, not a log line."""
+    if not task.cancelled():
+        task.exception()
 
 
 KEYCACHE = web.AppKey("keycache", KeyCache)
