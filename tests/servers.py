@@ -5,6 +5,8 @@ saying what to install; under CI=true it fails them instead, so CI never goes gr
 without them."""
 from __future__ import annotations
 
+import asyncio
+
 import glob
 import os
 import shutil
@@ -125,6 +127,23 @@ def _user_exists(name: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+async def stats_once_quiet(url: str, query: str):
+    """`query`'s value on `url` once every other session of its database has ended: a session
+    reports its counts (commits, index scans) when it ends, or only from time to time before."""
+    import asyncpg
+    conn = await asyncpg.connect(url)
+    try:
+        for _ in range(200):
+            others = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND pid <> pg_backend_pid()")
+            if others == 0:
+                break
+            await asyncio.sleep(0.05)
+        return await conn.fetchval(query)
+    finally:
+        await conn.close()
 
 
 def postgres_bindir() -> str | None:

@@ -3,11 +3,10 @@ entry expiring must not send one query per call in flight), never across a chang
 key, and a caller that leaves does not cancel the lookup the others wait for."""
 import asyncio
 
-import asyncpg
-
 from plugins.keycache import KeyCache
 from tests.conftest import openai_upstream
 from tests.fakes import Reply
+from tests.servers import stats_once_quiet
 
 ENGINES = ("postgresql",)               # the gateway test counts PostgreSQL's own index scans
 
@@ -15,20 +14,9 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 async def key_lookups(url: str) -> int:
-    """Scans of the API keys' hash index in the test's schema (a lookup of a key is one), once
-    every other session has ended and reported its counts."""
-    conn = await asyncpg.connect(url)
-    try:
-        for _ in range(200):
-            others = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                         "AND pid <> pg_backend_pid()")
-            if others == 0:
-                break
-            await asyncio.sleep(0.05)
-        return await conn.fetchval("SELECT idx_scan FROM pg_stat_user_indexes WHERE schemaname = current_schema() "
-                                   "AND indexrelname = 'api_keys_hash_key'")
-    finally:
-        await conn.close()
+    """Scans of the API keys' hash index in the test's schema (a lookup of a key is one)."""
+    return await stats_once_quiet(url, "SELECT idx_scan FROM pg_stat_user_indexes WHERE schemaname = current_schema() "
+                                       "AND indexrelname = 'api_keys_hash_key'")
 
 
 async def test_100_calls_that_miss_the_cache_together_look_their_key_up_once(start_gateway, fake_openai,

@@ -13,6 +13,7 @@ from plugins import keycache
 from plugins.storage import HoldRequest, Settlement, UsageRow, open_storage, statements
 from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
+from tests.servers import stats_once_quiet
 
 ENGINES = ("postgresql",)               # the gateway tests here run on PostgreSQL only
 
@@ -123,19 +124,9 @@ async def test_a_queued_reserve_or_settle_runs_even_if_its_caller_is_cancelled(s
 # ---- through HTTP --------------------------------------------------------------------
 
 async def commits(server) -> int:
-    """Transactions committed in the test database, once every other session has ended
-    (a session reports its counts when it ends, or from time to time while idle)."""
-    conn = await asyncpg.connect(server.url())
-    try:
-        for _ in range(200):
-            others = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                         "AND pid <> pg_backend_pid()")
-            if others == 0:
-                break
-            await asyncio.sleep(0.05)
-        return await conn.fetchval("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-    finally:
-        await conn.close()
+    """Transactions committed in the test database."""
+    return await stats_once_quiet(server.url(),
+                                  "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
 
 
 async def test_200_calls_at_once_from_one_key_are_exact_and_batched(start_gateway, fake_openai, postgres_server,
