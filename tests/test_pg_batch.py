@@ -11,6 +11,7 @@ import pytest
 
 from plugins import keycache
 from plugins.storage import HoldRequest, Settlement, UsageRow, open_storage, statements
+from plugins.storage.pg_batch import Batcher
 from tests.conftest import MICRO, openai_upstream, upstream_cost as cost
 from tests.fakes import Reply
 from tests.servers import stats_once_quiet
@@ -183,3 +184,27 @@ async def test_a_short_call_among_ones_that_fit_gets_402_alone(start_gateway, fa
     assert await gw.balance(a) == 0 == await gw.ledger_sum(a)
     assert await gw.balance(b) == 0 == await gw.ledger_sum(b)
     assert len(fake_openai.requests) == 5
+
+
+async def test_a_batch_cut_short_at_shutdown_fails_its_callers_and_the_store_still_closes():
+    """The loop cancels every task when it stops: the callers of the batch on its way learn it
+    failed, and closing the store (which drains the batches first) still completes."""
+    started = asyncio.Event()
+
+    async def one(args):
+        started.set()
+        await asyncio.sleep(3600)
+
+    async def many(items):
+        raise AssertionError("a batch of one goes alone")
+
+    batcher = Batcher(one, many)
+    answer = batcher.submit(("call",), True, False)
+    await started.wait()
+    sender = next(t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Batcher._send")
+    closing = asyncio.create_task(batcher.drain())
+    await asyncio.sleep(0)              # the store is closing, waiting for the batch
+    sender.cancel()                     # as the loop's shutdown does
+    await asyncio.wait_for(closing, 1)
+    with pytest.raises(RuntimeError, match="cancelled"):
+        await answer

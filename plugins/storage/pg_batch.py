@@ -87,7 +87,7 @@ class Batcher:
     async def drain(self) -> None:
         """Wait until every queued element has been answered (before the pool closes)."""
         while self._sender is not None:
-            await asyncio.shield(self._sender)
+            await asyncio.wait([self._sender])      # its failure is its callers' (they were told), not ours
 
 
 def _answer(future: asyncio.Future, value: Any) -> None:
