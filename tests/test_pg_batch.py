@@ -208,3 +208,29 @@ async def test_a_batch_cut_short_at_shutdown_fails_its_callers_and_the_store_sti
     await asyncio.wait_for(closing, 1)
     with pytest.raises(RuntimeError, match="cancelled"):
         await answer
+
+
+def committed_then_lost(many):
+    """A batch that commits, after which the connection breaks before its answer arrives."""
+    async def run(items):
+        await many(items)
+        raise ConnectionResetError("connection lost after COMMIT")
+    return run
+
+
+async def test_a_batch_whose_answer_is_lost_after_its_commit_answers_each_caller_as_it_would_have(storage):
+    a = await account(storage, 100, "a")
+    reserves, settles = storage.ledger._reserves, storage.ledger._settles
+    reserves._many = committed_then_lost(reserves._many)        # fault injection: the batch path only
+    held = await asyncio.gather(storage.ledger.reserve(HoldRequest("c1", a, 30)),
+                                storage.ledger.reserve(HoldRequest("c2", a, 50)),
+                                storage.ledger.reserve(HoldRequest("c3", a, 40)))     # 20 left: refused
+    assert [h.credit_micro if h else None for h in held] == [30, 50, None]
+    assert await books(storage, a) == 20                       # each hold taken once
+    settles._many = committed_then_lost(settles._many)
+    closed = await asyncio.gather(storage.ledger.settle(Settlement(held[0], 10, 0, usage_row("c1", a, 10))),
+                                  storage.ledger.settle(Settlement(held[1], 50, 0, usage_row("c2", a, 50))))
+    assert closed == [True, True]                              # charged, and told so
+    assert await books(storage, a) == 100 - 10 - 50            # each refund made once
+    rows = await storage.fetchall("SELECT call_id, usd_micro FROM usage ORDER BY call_id")
+    assert [tuple(r) for r in rows] == [("c1", 10), ("c2", 50)]

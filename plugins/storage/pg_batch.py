@@ -6,9 +6,10 @@ element as its statement would, in order, in one transaction: one round trip and
 commit for all of them. Every caller is answered after that commit, with its own result.
 
 Should the batch fail (any error: a duplicate call id, a lost connection), each element
-runs again alone with the single statement, in order, so that only a failing one fails. (A
-connection lost after the batch's commit is as ambiguous as after a single statement's: the
-elements run again find their work done, a reserve's hold exists, a settle's hold is closed.)
+runs again alone (`again`: the single statement, in order), so that only a failing one fails.
+A connection lost after the batch's COMMIT means its work is done though nobody was told:
+`again` then finds an element's own work in place (its hold made, its hold closed with its
+charge) and answers as the batch would have, rather than "refused" or "already closed".
 
 Once queued, an element runs even if its caller is cancelled (the caller waits on a future;
 the batch does not look at it): a reserve's caller shields that future and undoes the hold
@@ -33,14 +34,16 @@ Item = tuple                    # the single statement's arguments
 class Batcher:
     """The queue of one kind of write. `one(args)` runs an element alone (the single
     statement) -> its raw result; `many(items)` runs a batch of two or more -> one raw
-    result per element, in order. `submit` answers `yes` for a truthy raw result, else `no`.
+    result per element, in order; `again(args)` (default: `one`) runs an element alone after
+    its batch failed. `submit` answers `yes` for a truthy raw result, else `no`.
 
     One task sends the batches, one after another, while there are any: started by the first
     element queued when none runs, its first step comes after the callbacks of the loop turn
     that queued it, so the batch holds everything that turn queued."""
 
-    def __init__(self, one: Callable[[Item], Awaitable[Any]], many: Callable[[list[Item]], Awaitable[list]]):
-        self._one, self._many = one, many
+    def __init__(self, one: Callable[[Item], Awaitable[Any]], many: Callable[[list[Item]], Awaitable[list]],
+                 again: Callable[[Item], Awaitable[Any]] | None = None):
+        self._one, self._many, self._again = one, many, again or one
         self._pending: list[tuple[Item, asyncio.Future, Any, Any]] = []
         self._sender: asyncio.Task | None = None
 
@@ -67,20 +70,20 @@ class Batcher:
 
     async def _run(self, batch: list) -> None:
         if len(batch) == 1:
-            await self._each_alone(batch)
+            await self._each_alone(batch, self._one)
             return
         try:
             results = await self._many([args for args, _, _, _ in batch])
         except Exception:
-            await self._each_alone(batch)
+            await self._each_alone(batch, self._again)
             return
         for (_, future, yes, no), made in zip(batch, results):
             _answer(future, yes if made else no)
 
-    async def _each_alone(self, batch: list) -> None:
+    async def _each_alone(self, batch: list, run: Callable[[Item], Awaitable[Any]]) -> None:
         for args, future, yes, no in batch:
             try:
-                _answer(future, yes if await self._one(args) else no)
+                _answer(future, yes if await run(args) else no)
             except Exception as exc:
                 _fail(future, exc)
 

@@ -159,6 +159,11 @@ WHERE h.call_id = old.call_id RETURNING old.*
 """
 
 
+# An element's own work, found in place when it runs again after its batch failed.
+HOLD_MADE = ("SELECT 1 FROM holds WHERE call_id = $1 AND account_id = $2 AND amount_micro = $3 AND created_at = $4 "
+             "AND owner = $5")
+HOLD_SETTLED = ("SELECT 1 FROM holds WHERE charge_micro = $1 AND free_micro = $2 AND settled_at = $3 "
+                "AND call_id = $4 AND status = 'settled'")
 RESERVE_BATCH = "SELECT reserve_batch(" + ", ".join(f"${i}" for i in range(1, 12)) + ")"
 SETTLE_BATCH = "SELECT settle_batch(" + ", ".join(f"${i}" for i in range(1, 21)) + ")"
 _NO_USAGE = (None,) * len(USAGE_FIELDS)
@@ -168,8 +173,8 @@ _usage_values = attrgetter(*USAGE_FIELDS)          # a usage row -> its values i
 class PostgresLedger:
     def __init__(self, pool: asyncpg.Pool, owner: str, lease_seconds: int):
         self._pool, self._owner, self._lease = pool, owner, lease_seconds
-        self._reserves = Batcher(self._reserve_one, self._reserve_many)
-        self._settles = Batcher(self._settle_one, self._settle_many)
+        self._reserves = Batcher(self._reserve_one, self._reserve_many, self._reserve_again)
+        self._settles = Batcher(self._settle_one, self._settle_many, self._settle_again)
 
     async def drain(self) -> None:
         """Every queued reserve and settle answered."""
@@ -193,6 +198,24 @@ class PostgresLedger:
 
     async def _settle_many(self, items: list[tuple]) -> list[bool]:
         return await self._pool.fetchval(SETTLE_BATCH, *zip(*items))
+
+    # Run alone after their batch failed: if the batch committed before the failure reached
+    # this process, an element's own work is already in place (pg_batch's docstring).
+
+    async def _reserve_again(self, a: tuple) -> bool:
+        try:
+            made = await self._reserve_one(a)       # refused when the batch's debit left too little
+        except asyncpg.UniqueViolationError:
+            if await self._hold_made(a):
+                return True
+            raise                                   # another call's hold: a duplicate call id
+        return made or await self._hold_made(a)
+
+    async def _hold_made(self, a: tuple) -> bool:
+        return await self._pool.fetchval(HOLD_MADE, a[0], a[1], a[2], a[3], self._owner) is not None
+
+    async def _settle_again(self, a: tuple) -> bool:
+        return await self._settle_one(a) or await self._pool.fetchval(HOLD_SETTLED, *a[:4]) is not None
 
     async def credit(self, account_id: int, amount_micro: int, kind: str = "grant", ref: str | None = None) -> int:
         async with self._pool.acquire() as c, c.transaction():
