@@ -50,6 +50,10 @@ class Limits:
     store: LimitStore
     key_names: dict[int, tuple[str, str]] = field(default_factory=dict)    # key id -> its rpm and tpm limits' names
 
+    def rules(self, principal) -> Rule:
+        """A key's limits, or a keyless client address's."""
+        return self.per_key if principal is not None else self.per_address
+
     def names(self, request: web.Request, principal) -> tuple[str, str]:
         """The names of the rpm and tpm limits of a call's key (made once per key) or client address."""
         if principal is None:
@@ -83,20 +87,15 @@ async def _use_redis(app: web.Application):
     await app[LIMITS].store.close()
 
 
-def _who(request: web.Request, principal) -> tuple[str, Rule]:
-    limits = request.app[LIMITS]
-    if principal is not None:
-        return f"gw:rl:{{key:{principal.key_id}}}", limits.per_key
-    return f"gw:rl:{{addr:{request.remote}}}", limits.per_address
-
-
 async def admit_request(request: web.Request, principal) -> dict[str, str]:
     """The rpm limit for routes outside the call pipeline (agent registration, credit
     purchases): raises the 429, or returns the RateLimit-* headers to send."""
-    who, rules = _who(request, principal)
+    limits = request.app[LIMITS]
+    rules = limits.rules(principal)
     if not rules.rpm:
         return {}
-    got = await request.app[LIMITS].store.take([Bucket(f"{who}:rpm", 1, float(rules.rpm), window=True)])
+    rpm_name, _ = limits.names(request, principal)
+    got = await limits.store.take([Bucket(rpm_name, 1, float(rules.rpm), window=True)])
     if got.refused is not None:
         raise _refuse("requests", rules.rpm, got.left[0], got.wait)
     return _headers(rules.rpm, got.left[0], 60.0 * (rules.rpm - got.left[0]) / rules.rpm)
@@ -114,7 +113,7 @@ def _headers(limit: float, left: float, reset: float) -> dict[str, str]:
 @hookimpl
 async def gateway_admit(ctx: CallContext):
     limits, p = ctx.app[LIMITS], ctx.principal
-    rules = limits.per_key if p is not None else limits.per_address
+    rules = limits.rules(p)
     rpm, tpm = rules.rpm, rules.tpm
     tokens = _tokens(ctx)
     if not rpm and not (tpm and tokens):
