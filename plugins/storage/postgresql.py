@@ -164,8 +164,12 @@ HOLD_MADE = ("SELECT 1 FROM holds WHERE call_id = $1 AND account_id = $2 AND amo
              "AND owner = $5")
 HOLD_SETTLED = ("SELECT 1 FROM holds WHERE charge_micro = $1 AND free_micro = $2 AND settled_at = $3 "
                 "AND call_id = $4 AND status = 'settled'")
+# A batch's arguments are its elements' columns: a reserve's 10 and the owner; a settle's
+# 5 (charge, free, settled at, call id, refund) and its usage row's.
+_SETTLE_HEAD = 5
 RESERVE_BATCH = "SELECT reserve_batch(" + ", ".join(f"${i}" for i in range(1, 12)) + ")"
-SETTLE_BATCH = "SELECT settle_batch(" + ", ".join(f"${i}" for i in range(1, 21)) + ")"
+SETTLE_BATCH = ("SELECT settle_batch(" + ", ".join(f"${i}" for i in range(1, _SETTLE_HEAD + len(USAGE_FIELDS) + 1))
+                + ")")
 _NO_USAGE = (None,) * len(USAGE_FIELDS)
 _usage_values = attrgetter(*USAGE_FIELDS)          # a usage row -> its values in USAGE_FIELDS order
 
@@ -192,8 +196,8 @@ class PostgresLedger:
         return await self._pool.fetchval(RESERVE_BATCH, *columns[:4], self._owner, *columns[4:])
 
     async def _settle_one(self, a: tuple) -> bool:
-        if a[5] is None:
-            return await self._pool.fetchval(FAST_SETTLE, *a[:5]) == 1
+        if a[_SETTLE_HEAD] is None:                 # the usage row's call id: no row
+            return await self._pool.fetchval(FAST_SETTLE, *a[:_SETTLE_HEAD]) == 1
         return await self._pool.fetchval(FAST_SETTLE_WITH_USAGE, *a) == 1
 
     async def _settle_many(self, items: list[tuple]) -> list[bool]:
