@@ -263,9 +263,9 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 chunk = writer.event(ev)
                 if chunk:
                     pending.append(chunk)
-                if pending and (not gather or isinstance(ev, StreamEnd)):
+                if pending and (not gather or (isinstance(ev, StreamEnd) and item.__class__ is not list)):
                     await send()
-            if pending and item.__class__ is list:     # a read's events leave together, in one write
+            if pending and item.__class__ is list and ctx.outcome != OK:   # a read's events leave together
                 await resp.write(b"".join(pending))
                 pending.clear()
             try:
@@ -274,15 +274,16 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 if ctx.outcome != OK:
                     raise UpstreamError(502, f"{ctx.route.provider.name} ended the stream early") from None
                 break
-        if pending:                              # what followed the end (a same-format upstream's last frame)
-            await resp.write(b"".join(pending))
+        # What is left (a read's events that ended the stream, a same-format upstream's last
+        # frame) goes with the response's end, in one write.
+        await resp.write_eof(b"".join(pending))
     except GatewayError as err:                 # upstream failed mid-stream: never charged
         ctx.outcome = FAILED
         ctx.note_error(err)
         await finish(ctx)
         log.warning("stream_failed", error=err.message)
         try:
-            await resp.write(b"".join(pending) + writer.error(err))
+            await resp.write_eof(b"".join(pending) + writer.error(err))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
     except (ConnectionResetError, asyncio.CancelledError):
@@ -292,7 +293,6 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
         raise
     finally:
         await events.aclose()
-    await resp.write_eof()
     return resp
 
 
