@@ -7,7 +7,8 @@ hop runs the whole batch inside BEGIN ... COMMIT, and every caller is answered a
 commit: as durable as one transaction each, at a fraction of the cost under load. Should
 a function of the batch fail, the batch is rolled back and run again with each function in
 its own savepoint, so that only the failing one is undone. The WAL is checkpointed by a
-second connection on a thread of its own (checkpoint.py), so no commit waits for the copy.
+second connection on a thread of its own (checkpoint.py): a commit waits for a checkpoint
+only once in 10,000 WAL pages, when the writer's own bounds the WAL's size.
 """
 from __future__ import annotations
 
