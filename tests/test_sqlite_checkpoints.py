@@ -18,7 +18,7 @@ import pytest
 
 from tests.gateway_process import GatewayProcess
 
-SLOW_SYNC_MS = 300
+SLOW_SYNC_MS = 500     # a call takes a few ms; one that waited for a checkpoint, at least two syncs
 CALLS = 150     # 300 commits, about 2,500 WAL pages: SQLite's own checkpoint (every 1,000) would run twice
 SHIM = r"""
 #define _GNU_SOURCE
