@@ -263,6 +263,8 @@ async def relay_stream(request: web.Request, ctx: CallContext, fmt: ClientFormat
                 chunk = writer.event(ev)
                 if chunk:
                     pending.append(chunk)
+                # The end goes at once when events come one at a time (the upstream may be slow to
+                # close); a read's end waits for the response's end, which follows it at once.
                 if pending and (not gather or (isinstance(ev, StreamEnd) and item.__class__ is not list)):
                     await send()
             if pending and item.__class__ is list and ctx.outcome != OK:   # a read's events leave together
